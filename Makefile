@@ -1,0 +1,31 @@
+# crius: `make run` serves the CRI in the foreground; `make test` runs every check and test
+# on a fresh machine (it installs packages, starts containerd and a registry, stops them).
+
+.PHONY: all build release run test testbed-up testbed-down clean
+
+all: build
+
+build:
+	cargo build
+
+release:
+	cargo build --release
+
+run: release
+	scripts/run.sh
+
+test:
+	scripts/testbed.sh test
+
+# For working on the tests: start the test bed once, then
+#   eval "$$(scripts/testbed.sh env)" && cargo test
+testbed-up:
+	scripts/testbed.sh deps
+	scripts/testbed.sh up
+
+testbed-down:
+	scripts/testbed.sh down
+
+clean:
+	scripts/testbed.sh down
+	cargo clean

@@ -1,0 +1,271 @@
+//! Loading CNI network configurations from the conf dir, as libcni and go-cni do.
+//!
+//! Files named `*.conflist`, `*.conf` and `*.json` are read in name order; a single-plugin
+//! `.conf`/`.json` becomes a one-plugin list. Unlike go-cni, one broken file does not hide
+//! the valid ones after it: it is skipped, and its reason is kept for the status message.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// CNI spec versions crius can drive.
+pub const SUPPORTED_VERSIONS: &[&str] = &[
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
+
+/// One network: an ordered list of plugins, as read from a conf file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfigList {
+    pub name: String,
+    pub cni_version: String,
+    pub disable_check: bool,
+    /// Each plugin's configuration object, with its `type`.
+    pub plugins: Vec<Map<String, Value>>,
+    /// The file it came from.
+    pub source: PathBuf,
+}
+
+impl NetworkConfigList {
+    /// The `type` (binary name) of each plugin, in order.
+    pub fn plugin_types(&self) -> impl Iterator<Item = &str> {
+        self.plugins
+            .iter()
+            .filter_map(|p| p.get("type").and_then(Value::as_str))
+    }
+}
+
+/// Why the conf dir yielded no usable network.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LoadError {
+    #[error("failed to read CNI conf dir {dir}: {reason}")]
+    ReadDir { dir: PathBuf, reason: String },
+    #[error("no network config found in {dir}{}", rejected_suffix(.rejected))]
+    NoConfig {
+        dir: PathBuf,
+        /// Files that were present but invalid, with the reason.
+        rejected: Vec<(PathBuf, String)>,
+    },
+}
+
+fn rejected_suffix(rejected: &[(PathBuf, String)]) -> String {
+    rejected
+        .iter()
+        .map(|(path, reason)| format!("; rejected {}: {reason}", path.display()))
+        .collect()
+}
+
+/// The outcome of loading the conf dir: the networks in use and the files passed over.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Loaded {
+    pub networks: Vec<NetworkConfigList>,
+    pub rejected: Vec<(PathBuf, String)>,
+}
+
+/// Loads up to `max` networks (0: all) from `dir`.
+pub fn load_networks(dir: &Path, max: usize) -> Result<Loaded, LoadError> {
+    let files = conf_files(dir)?;
+    let mut loaded = Loaded::default();
+    for file in files {
+        if max != 0 && loaded.networks.len() >= max {
+            break;
+        }
+        match load_file(&file) {
+            Ok(list) => loaded.networks.push(list),
+            Err(reason) => {
+                tracing::warn!(file = %file.display(), %reason, "ignoring invalid CNI config file");
+                loaded.rejected.push((file, reason));
+            }
+        }
+    }
+    if loaded.networks.is_empty() {
+        return Err(LoadError::NoConfig {
+            dir: dir.to_path_buf(),
+            rejected: loaded.rejected,
+        });
+    }
+    Ok(loaded)
+}
+
+/// The conf dir's candidate files, sorted by name.
+fn conf_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(LoadError::NoConfig {
+                dir: dir.to_path_buf(),
+                rejected: Vec::new(),
+            });
+        }
+        Err(e) => {
+            return Err(LoadError::ReadDir {
+                dir: dir.to_path_buf(),
+                reason: e.to_string(),
+            });
+        }
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("conflist" | "conf" | "json")
+            ) && p.is_file()
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn load_file(path: &Path) -> Result<NetworkConfigList, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let is_list = path.extension().and_then(|e| e.to_str()) == Some("conflist");
+    parse(&bytes, is_list, path)
+}
+
+/// Parses a conflist (`is_list`) or a single plugin conf into a network.
+pub fn parse(bytes: &[u8], is_list: bool, source: &Path) -> Result<NetworkConfigList, String> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
+    let Value::Object(obj) = value else {
+        return Err("not a JSON object".to_string());
+    };
+    let name = string_field(&obj, "name")?;
+    if name.is_empty() {
+        return Err("missing network \"name\"".to_string());
+    }
+    let cni_version = string_field(&obj, "cniVersion")?;
+    if !cni_version.is_empty() && !SUPPORTED_VERSIONS.contains(&cni_version.as_str()) {
+        return Err(format!("unsupported cniVersion {cni_version:?}"));
+    }
+    let plugins = if is_list {
+        let Some(Value::Array(raw)) = obj.get("plugins") else {
+            return Err("missing \"plugins\" array".to_string());
+        };
+        if raw.is_empty() {
+            return Err("\"plugins\" is empty".to_string());
+        }
+        raw.iter()
+            .enumerate()
+            .map(|(i, p)| match p {
+                Value::Object(plugin) => Ok(plugin.clone()),
+                _ => Err(format!("plugin {i} is not a JSON object")),
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        vec![obj.clone()]
+    };
+    for (i, plugin) in plugins.iter().enumerate() {
+        if string_field(plugin, "type")?.is_empty() {
+            return Err(format!("plugin {i} has no \"type\""));
+        }
+    }
+    Ok(NetworkConfigList {
+        name,
+        cni_version,
+        disable_check: obj
+            .get("disableCheck")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        plugins,
+        source: source.to_path_buf(),
+    })
+}
+
+fn string_field(obj: &Map<String, Value>, key: &str) -> Result<String, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(format!("\"{key}\" must be a string")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BRIDGE: &str = r#"{"cniVersion":"1.0.0","name":"crius-net","plugins":[
+        {"type":"bridge","bridge":"cni0","ipam":{"type":"host-local"}},
+        {"type":"portmap","capabilities":{"portMappings":true}}]}"#;
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    #[test]
+    fn loads_first_file_in_name_order() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "20-b.conflist",
+            &BRIDGE.replace("crius-net", "second"),
+        );
+        write(dir.path(), "10-a.conflist", BRIDGE);
+        let loaded = load_networks(dir.path(), 1).unwrap();
+        assert_eq!(loaded.networks.len(), 1);
+        assert_eq!(loaded.networks[0].name, "crius-net");
+        assert_eq!(
+            loaded.networks[0].plugin_types().collect::<Vec<_>>(),
+            ["bridge", "portmap"]
+        );
+        assert_eq!(load_networks(dir.path(), 0).unwrap().networks.len(), 2);
+    }
+
+    #[test]
+    fn single_plugin_conf_becomes_a_list() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "99-loop.conf",
+            r#"{"cniVersion":"0.3.1","name":"lo","type":"loopback"}"#,
+        );
+        let loaded = load_networks(dir.path(), 1).unwrap();
+        assert_eq!(
+            loaded.networks[0].plugin_types().collect::<Vec<_>>(),
+            ["loopback"]
+        );
+        assert_eq!(loaded.networks[0].cni_version, "0.3.1");
+    }
+
+    #[test]
+    fn invalid_files_are_skipped_with_reasons() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "00-broken.conflist", "{not json");
+        write(
+            dir.path(),
+            "01-noplugins.conflist",
+            r#"{"name":"x","plugins":[]}"#,
+        );
+        write(dir.path(), "02-notype.conf", r#"{"name":"x"}"#);
+        write(
+            dir.path(),
+            "03-badver.conflist",
+            &BRIDGE.replace("1.0.0", "9.9.9"),
+        );
+        write(dir.path(), "notes.txt", "ignored");
+        let err = load_networks(dir.path(), 1).unwrap_err();
+        let LoadError::NoConfig { rejected, .. } = &err else {
+            panic!("unexpected {err:?}");
+        };
+        assert_eq!(rejected.len(), 4);
+        let text = err.to_string();
+        assert!(text.contains("no network config found"), "{text}");
+        assert!(text.contains("00-broken.conflist: invalid JSON"), "{text}");
+        assert!(text.contains("\"plugins\" is empty"), "{text}");
+        assert!(text.contains("has no \"type\""), "{text}");
+        assert!(text.contains("unsupported cniVersion"), "{text}");
+
+        write(dir.path(), "50-good.conflist", BRIDGE);
+        let loaded = load_networks(dir.path(), 1).unwrap();
+        assert_eq!(loaded.networks[0].name, "crius-net");
+        assert_eq!(loaded.rejected.len(), 4);
+    }
+
+    #[test]
+    fn missing_dir_is_no_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_networks(&dir.path().join("absent"), 1).unwrap_err();
+        assert!(matches!(err, LoadError::NoConfig { .. }));
+    }
+}

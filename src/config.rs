@@ -1,0 +1,666 @@
+//! crius's configuration: the TOML file, its defaults and its validation.
+//!
+//! The file's keys are a public interface (operators and scripts depend on them), so every
+//! struct here rejects unknown keys and every semantic check names the key it is about.
+//! Nothing here touches containerd or the network.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The path `crius` reads when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/crius/config.toml";
+
+/// Errors from loading or validating a configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("failed to read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: {key}: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Whether crius clamps the OOM score adjustment it asks for to what it may set itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestrictOomScoreAdj {
+    /// Detect at start-up whether this process may lower its own oom_score_adj.
+    #[default]
+    Auto,
+    /// Always clamp to crius's own oom_score_adj.
+    Always,
+    /// Never clamp.
+    Never,
+}
+
+impl Serialize for RestrictOomScoreAdj {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            Self::Auto => "auto",
+            Self::Always => "true",
+            Self::Never => "false",
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for RestrictOomScoreAdj {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(true) => Ok(Self::Always),
+            Raw::Bool(false) => Ok(Self::Never),
+            Raw::Text(t) => match t.as_str() {
+                "auto" => Ok(Self::Auto),
+                "true" => Ok(Self::Always),
+                "false" => Ok(Self::Never),
+                other => Err(serde::de::Error::custom(format!(
+                    "restrict_oom_score_adj must be \"auto\", true or false, not {other:?}"
+                ))),
+            },
+        }
+    }
+}
+
+/// Durations are written as humantime strings: "10s", "5m", "4h".
+mod duration_str {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {text:?}: {e} (write it like \"10s\", \"5m\" or \"4h\")"
+            ))
+        })
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Persistent state: container status files, sandbox files.
+    pub root: PathBuf,
+    /// Volatile state: FIFOs, shm mounts.
+    pub state: PathBuf,
+    pub restrict_oom_score_adj: RestrictOomScoreAdj,
+    #[serde(with = "duration_str")]
+    pub stats_collect_period: Duration,
+    pub grpc: GrpcConfig,
+    pub containerd: ContainerdConfig,
+    pub cni: CniConfig,
+    pub image: ImageConfig,
+    pub registry: RegistryConfig,
+    pub stream: StreamConfig,
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/var/lib/crius"),
+            state: PathBuf::from("/run/crius"),
+            restrict_oom_score_adj: RestrictOomScoreAdj::Auto,
+            stats_collect_period: Duration::from_secs(10),
+            grpc: GrpcConfig::default(),
+            containerd: ContainerdConfig::default(),
+            cni: CniConfig::default(),
+            image: ImageConfig::default(),
+            registry: RegistryConfig::default(),
+            stream: StreamConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    pub address: PathBuf,
+    pub ttrpc_address: PathBuf,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            address: PathBuf::from("/run/crius/crius.sock"),
+            ttrpc_address: PathBuf::from("/run/crius/crius.sock.ttrpc"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContainerdConfig {
+    pub address: PathBuf,
+    pub namespace: String,
+    pub snapshotter: String,
+    /// containerd's own root directory; the image filesystem lives below it.
+    pub root: PathBuf,
+    /// How long start-up keeps retrying to reach containerd.
+    #[serde(with = "duration_str")]
+    pub connect_timeout: Duration,
+    pub default_runtime: String,
+    pub runtimes: BTreeMap<String, RuntimeConfig>,
+}
+
+impl Default for ContainerdConfig {
+    fn default() -> Self {
+        let mut runtimes = BTreeMap::new();
+        runtimes.insert("runc".to_string(), RuntimeConfig::default());
+        Self {
+            address: PathBuf::from("/run/containerd/containerd.sock"),
+            namespace: "k8s.io".to_string(),
+            snapshotter: "overlayfs".to_string(),
+            root: PathBuf::from("/var/lib/containerd"),
+            connect_timeout: Duration::from_secs(30),
+            default_runtime: "runc".to_string(),
+            runtimes,
+        }
+    }
+}
+
+/// One runtime handler: what containerd runs a pod's tasks with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    pub runtime_type: String,
+    pub options: RuncOptions,
+    /// Pod annotations (glob patterns) passed on to the runtime in the OCI spec.
+    pub pod_annotations: Vec<String>,
+    /// Container annotations (glob patterns) passed on to the runtime in the OCI spec.
+    pub container_annotations: Vec<String>,
+    pub privileged_without_host_devices: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            runtime_type: "io.containerd.runc.v2".to_string(),
+            options: RuncOptions::default(),
+            pod_annotations: Vec::new(),
+            container_annotations: Vec::new(),
+            privileged_without_host_devices: false,
+        }
+    }
+}
+
+/// The runc shim options (`containerd.runc.v1.Options`), with containerd's key names.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "PascalCase")]
+pub struct RuncOptions {
+    pub binary_name: String,
+    pub root: String,
+    pub systemd_cgroup: bool,
+    pub no_pivot_root: bool,
+    pub no_new_keyring: bool,
+    pub shim_cgroup: String,
+    pub io_uid: u32,
+    pub io_gid: u32,
+    pub criu_image_path: String,
+    pub criu_work_path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CniConfig {
+    pub bin_dirs: Vec<PathBuf>,
+    pub conf_dir: PathBuf,
+    /// How many network configs to load from the conf dir (0: all).
+    pub max_conf_num: usize,
+    /// A template that UpdateRuntimeConfig turns into a conflist once the pod CIDR is known.
+    pub conf_template: String,
+    /// Bound on one CNI plugin invocation.
+    #[serde(with = "duration_str")]
+    pub plugin_timeout: Duration,
+}
+
+impl Default for CniConfig {
+    fn default() -> Self {
+        Self {
+            bin_dirs: vec![PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")],
+            conf_dir: PathBuf::from("/etc/cni/net.d"),
+            max_conf_num: 1,
+            conf_template: String::new(),
+            plugin_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImageConfig {
+    /// Empty: crius's built-in pause image.
+    pub sandbox_image: String,
+    #[serde(with = "duration_str")]
+    pub pull_progress_timeout: Duration,
+    pub max_concurrent_downloads: usize,
+}
+
+impl Default for ImageConfig {
+    fn default() -> Self {
+        Self {
+            sandbox_image: String::new(),
+            pull_progress_timeout: Duration::from_secs(5 * 60),
+            max_concurrent_downloads: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// A containerd-style directory of `<host>/hosts.toml` files.
+    pub config_path: String,
+    /// Static settings per registry host, e.g. `[registry.configs."example.com:5000".auth]`.
+    pub configs: BTreeMap<String, RegistryHostConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryHostConfig {
+    pub auth: Option<RegistryAuth>,
+}
+
+/// Static credentials for one registry, with the keys containerd uses.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryAuth {
+    pub username: String,
+    pub password: String,
+    /// base64 of `username:password`.
+    pub auth: String,
+    pub identitytoken: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamConfig {
+    pub address: String,
+    pub port: u16,
+    #[serde(with = "duration_str")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            address: "127.0.0.1".to_string(),
+            port: 0,
+            idle_timeout: Duration::from_secs(4 * 3600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A tracing filter: a level (`info`) or directives (`crius=debug,tower=warn`).
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".to_string(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+impl Config {
+    /// Loads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Loads `path` when given; otherwise the default path when that file exists, else the
+    /// built-in defaults.
+    pub fn load_or_default(path: Option<&Path>) -> Result<Self, ConfigError> {
+        match path {
+            Some(p) => Self::load(p),
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
+                Self::load(Path::new(DEFAULT_CONFIG_PATH))
+            }
+            None => Ok(Self::default()),
+        }
+    }
+
+    /// Checks what the types alone cannot, naming the offending key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, path) in [
+            ("root", &self.root),
+            ("state", &self.state),
+            ("grpc.address", &self.grpc.address),
+            ("grpc.ttrpc_address", &self.grpc.ttrpc_address),
+            ("containerd.address", &self.containerd.address),
+            ("containerd.root", &self.containerd.root),
+            ("cni.conf_dir", &self.cni.conf_dir),
+        ] {
+            if !path.is_absolute() {
+                return Err(invalid(
+                    key,
+                    format!("must be an absolute path, got {path:?}"),
+                ));
+            }
+        }
+        if self.grpc.address == self.grpc.ttrpc_address {
+            return Err(invalid(
+                "grpc.ttrpc_address",
+                "must differ from grpc.address",
+            ));
+        }
+        if self.containerd.namespace.is_empty() {
+            return Err(invalid("containerd.namespace", "must not be empty"));
+        }
+        if self.containerd.snapshotter.is_empty() {
+            return Err(invalid("containerd.snapshotter", "must not be empty"));
+        }
+        if !self
+            .containerd
+            .runtimes
+            .contains_key(&self.containerd.default_runtime)
+        {
+            return Err(invalid(
+                "containerd.default_runtime",
+                format!(
+                    "runtime {:?} is not defined under [containerd.runtimes]",
+                    self.containerd.default_runtime
+                ),
+            ));
+        }
+        for (name, runtime) in &self.containerd.runtimes {
+            if runtime.runtime_type.is_empty() {
+                return Err(invalid(
+                    &format!("containerd.runtimes.{name}.runtime_type"),
+                    "must not be empty",
+                ));
+            }
+        }
+        if self.cni.bin_dirs.is_empty() {
+            return Err(invalid("cni.bin_dirs", "must name at least one directory"));
+        }
+        if self.image.max_concurrent_downloads == 0 {
+            return Err(invalid(
+                "image.max_concurrent_downloads",
+                "must be at least 1",
+            ));
+        }
+        if self.stats_collect_period.is_zero() {
+            return Err(invalid("stats_collect_period", "must be longer than zero"));
+        }
+        if self.stream.address.parse::<std::net::IpAddr>().is_err() {
+            return Err(invalid(
+                "stream.address",
+                format!("{:?} is not an IP address", self.stream.address),
+            ));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(invalid(
+                "log.level",
+                format!(
+                    "{:?} is not a level (error, warn, info, debug, trace) or filter",
+                    self.log.level
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The runtime handler to use for `name` ("" means the default runtime).
+    pub fn runtime(&self, name: &str) -> Option<&RuntimeConfig> {
+        let name = if name.is_empty() {
+            self.containerd.default_runtime.as_str()
+        } else {
+            name
+        };
+        self.containerd.runtimes.get(name)
+    }
+
+    /// containerd's convention for a snapshotter's directory.
+    pub fn image_fs_path(&self) -> PathBuf {
+        self.containerd.root.join(format!(
+            "io.containerd.snapshotter.v1.{}",
+            self.containerd.snapshotter
+        ))
+    }
+}
+
+/// The complete default configuration, commented, as `crius config default` prints it.
+pub const DEFAULT_CONFIG_TOML: &str = r#"# crius configuration. Every key is optional; these are the defaults.
+
+# Persistent state (container status files, sandbox files).
+root = "/var/lib/crius"
+# Volatile state (FIFOs, /dev/shm mounts); usually on tmpfs.
+state = "/run/crius"
+# Clamp the OOM score adjustment of sandboxes and containers to what crius itself may set:
+# "auto" detects whether this process may lower its own oom_score_adj; true or false force it.
+restrict_oom_score_adj = "auto"
+# How often container and snapshot usage is collected.
+stats_collect_period = "10s"
+
+[grpc]
+# The CRI gRPC socket that kubelet and crictl connect to.
+address = "/run/crius/crius.sock"
+# The same CRI services over ttrpc.
+ttrpc_address = "/run/crius/crius.sock.ttrpc"
+
+[containerd]
+address = "/run/containerd/containerd.sock"
+# The containerd namespace crius keeps its containers and images in.
+namespace = "k8s.io"
+snapshotter = "overlayfs"
+# containerd's root directory; the image filesystem is <root>/io.containerd.snapshotter.v1.<snapshotter>.
+root = "/var/lib/containerd"
+# How long start-up retries to reach containerd before giving up.
+connect_timeout = "30s"
+# The runtime handler used when a pod names none.
+default_runtime = "runc"
+
+[containerd.runtimes.runc]
+runtime_type = "io.containerd.runc.v2"
+# Pod and container annotations (glob patterns) passed through to the runtime.
+pod_annotations = []
+container_annotations = []
+privileged_without_host_devices = false
+# runc shim options; BinaryName selects another OCI runtime such as crun.
+options = { BinaryName = "", Root = "", SystemdCgroup = false, NoPivotRoot = false, NoNewKeyring = false, ShimCgroup = "", IoUid = 0, IoGid = 0, CriuImagePath = "", CriuWorkPath = "" }
+
+[cni]
+bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
+conf_dir = "/etc/cni/net.d"
+# How many network configs to load from conf_dir, in file name order (0: all).
+max_conf_num = 1
+# A conflist template written to conf_dir by UpdateRuntimeConfig once the pod CIDR is known
+# ({{.PodCIDR}}, {{.PodCIDRRanges}} and {{.Routes}} are replaced). Empty: none.
+conf_template = ""
+# Bound on one CNI plugin invocation.
+plugin_timeout = "1m"
+
+[image]
+# The pause image for pod sandboxes. Empty: crius's built-in pause image.
+sandbox_image = ""
+# A pull that makes no progress for this long is cancelled.
+pull_progress_timeout = "5m"
+max_concurrent_downloads = 3
+
+[registry]
+# A containerd-style hosts directory: <config_path>/<host>/hosts.toml.
+config_path = ""
+# Static credentials per registry host, e.g.:
+# [registry.configs."registry.example.com".auth]
+# username = "me"
+# password = "secret"
+
+[stream]
+# The exec/attach/port-forward stream server; port 0 picks a free port.
+address = "127.0.0.1"
+port = 0
+idle_timeout = "4h"
+
+[log]
+# error | warn | info | debug | trace, or a filter such as "crius=debug,info".
+level = "info"
+format = "text"   # text | json
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        let config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    #[test]
+    fn printed_default_config_is_the_builtin_default() {
+        let parsed = parse(DEFAULT_CONFIG_TOML).expect("default config parses");
+        assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn the_documented_file_shape_parses() {
+        let text = r#"
+root = "/var/lib/crius"
+state = "/run/crius"
+restrict_oom_score_adj = "auto"
+stats_collect_period = "10s"
+[grpc]
+address = "/run/crius/crius.sock"
+ttrpc_address = "/run/crius/crius.sock.ttrpc"
+[containerd]
+address = "/run/containerd/containerd.sock"
+namespace = "k8s.io"
+snapshotter = "overlayfs"
+root = "/var/lib/containerd"
+default_runtime = "runc"
+[containerd.runtimes.runc]
+runtime_type = "io.containerd.runc.v2"
+options = { BinaryName = "", SystemdCgroup = false }
+[cni]
+bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
+conf_dir = "/etc/cni/net.d"
+max_conf_num = 1
+conf_template = ""
+[image]
+sandbox_image = ""
+pull_progress_timeout = "5m"
+max_concurrent_downloads = 3
+[registry]
+config_path = ""
+[stream]
+address = "127.0.0.1"
+port = 0
+idle_timeout = "4h"
+[log]
+level = "info"
+format = "text"
+"#;
+        assert_eq!(parse(text).expect("parses"), Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse("[containerd]\nsnapshoter = \"native\"\n").unwrap_err();
+        assert!(err.contains("snapshoter"), "{err}");
+        let err = parse("bogus_top_level = 1\n").unwrap_err();
+        assert!(err.contains("bogus_top_level"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let err = parse("[containerd]\ndefault_runtime = \"kata\"\n").unwrap_err();
+        assert!(err.contains("containerd.default_runtime"), "{err}");
+        let err = parse("root = \"relative/dir\"\n").unwrap_err();
+        assert!(err.contains("root"), "{err}");
+        let err = parse("stats_collect_period = \"ten seconds\"\n").unwrap_err();
+        assert!(err.contains("stats_collect_period"), "{err}");
+        let err = parse("[log]\nformat = \"xml\"\n").unwrap_err();
+        assert!(err.contains("format"), "{err}");
+        let err = parse("restrict_oom_score_adj = \"maybe\"\n").unwrap_err();
+        assert!(err.contains("restrict_oom_score_adj"), "{err}");
+        let err = parse("[stream]\naddress = \"localhost:1\"\n").unwrap_err();
+        assert!(err.contains("stream.address"), "{err}");
+    }
+
+    #[test]
+    fn restrict_oom_score_adj_accepts_bools_and_strings() {
+        assert_eq!(
+            parse("restrict_oom_score_adj = true\n")
+                .unwrap()
+                .restrict_oom_score_adj,
+            RestrictOomScoreAdj::Always
+        );
+        assert_eq!(
+            parse("restrict_oom_score_adj = \"false\"\n")
+                .unwrap()
+                .restrict_oom_score_adj,
+            RestrictOomScoreAdj::Never
+        );
+    }
+
+    #[test]
+    fn image_fs_path_follows_containerd_convention() {
+        let mut config = Config::default();
+        config.containerd.root = PathBuf::from("/data/containerd");
+        config.containerd.snapshotter = "native".into();
+        assert_eq!(
+            config.image_fs_path(),
+            PathBuf::from("/data/containerd/io.containerd.snapshotter.v1.native")
+        );
+    }
+
+    #[test]
+    fn empty_handler_means_default_runtime() {
+        let config = Config::default();
+        assert_eq!(
+            config.runtime("").map(|r| r.runtime_type.as_str()),
+            Some("io.containerd.runc.v2")
+        );
+        assert!(config.runtime("nosuch").is_none());
+    }
+}

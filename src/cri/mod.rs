@@ -1,0 +1,24 @@
+//! The CRI handlers, one file per RPC family.
+//!
+//! Handlers are thin: validate the request, call the parts below (containerd, CNI, stores),
+//! and map failures to gRPC codes with a message a person can act on. They take and return
+//! plain CRI `v1` messages; logging, the initialized gate and the other API versions and
+//! transports are the server layer's business.
+
+mod image_fs_info;
+mod not_built;
+mod runtime_config;
+mod status;
+mod version;
+
+/// The runtime name crius reports.
+pub const RUNTIME_NAME: &str = "crius";
+/// The CRI API version this crate implements natively.
+pub const RUNTIME_API_VERSION: &str = "v1";
+
+/// Nanoseconds since the Unix epoch, as CRI timestamps are written.
+pub(crate) fn unix_nanos(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

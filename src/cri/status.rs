@@ -1,0 +1,99 @@
+//! `Status`: whether containerd answers and whether a CNI network is loaded.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_cri::v1::{
+    RuntimeCondition, RuntimeFeatures, RuntimeHandler, RuntimeHandlerFeatures, RuntimeStatus,
+    StatusRequest, StatusResponse,
+};
+use tonic::Status;
+
+use crate::server::CriService;
+
+/// How long `Status` waits for containerd before calling the runtime not ready.
+const RUNTIME_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+const RUNTIME_READY: &str = "RuntimeReady";
+const NETWORK_READY: &str = "NetworkReady";
+
+impl CriService {
+    pub async fn status(&self, req: StatusRequest) -> Result<StatusResponse, Status> {
+        let runtime =
+            match tokio::time::timeout(RUNTIME_PROBE_TIMEOUT, self.containerd.version()).await {
+                Ok(Ok(_)) => condition(RUNTIME_READY, Ok(())),
+                Ok(Err(e)) => condition(RUNTIME_READY, Err(("ContainerdNotReady", e.to_string()))),
+                Err(_) => condition(
+                    RUNTIME_READY,
+                    Err((
+                        "ContainerdNotReady",
+                        format!("containerd did not answer within {RUNTIME_PROBE_TIMEOUT:?}"),
+                    )),
+                ),
+            };
+        let network = condition(
+            NETWORK_READY,
+            self.cni.ready().map_err(|e| {
+                (
+                    "NetworkPluginNotReady",
+                    format!("Network plugin returns error: cni config load failed: {e}"),
+                )
+            }),
+        );
+
+        let mut info = HashMap::new();
+        if req.verbose {
+            info.insert("config".to_string(), to_json(&self.config));
+            info.insert("cniconfig".to_string(), self.cni.to_json().to_string());
+            let last = match self.cni.ready() {
+                Ok(()) => "OK".to_string(),
+                Err(e) => e.to_string(),
+            };
+            info.insert("lastCNILoadStatus".to_string(), last);
+        }
+
+        Ok(StatusResponse {
+            status: Some(RuntimeStatus {
+                conditions: vec![runtime, network],
+            }),
+            info,
+            runtime_handlers: self.runtime_handlers(),
+            features: Some(RuntimeFeatures {
+                supplemental_groups_policy: false,
+            }),
+        })
+    }
+
+    /// The configured runtime handlers; the default one is also listed under "".
+    fn runtime_handlers(&self) -> Vec<RuntimeHandler> {
+        let features = Some(RuntimeHandlerFeatures {
+            recursive_read_only_mounts: false,
+            user_namespaces: false,
+        });
+        std::iter::once(String::new())
+            .chain(self.config.containerd.runtimes.keys().cloned())
+            .map(|name| RuntimeHandler { name, features })
+            .collect()
+    }
+}
+
+fn condition(kind: &str, state: Result<(), (&str, String)>) -> RuntimeCondition {
+    match state {
+        Ok(()) => RuntimeCondition {
+            r#type: kind.to_string(),
+            status: true,
+            reason: String::new(),
+            message: String::new(),
+        },
+        Err((reason, message)) => RuntimeCondition {
+            r#type: kind.to_string(),
+            status: false,
+            reason: reason.to_string(),
+            message,
+        },
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string()))
+}

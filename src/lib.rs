@@ -1,0 +1,15 @@
+//! crius: a Kubernetes CRI runtime and image service that drives containerd.
+//!
+//! The binary (`main.rs`) parses the command line and runs a [`server::CriService`]; the
+//! modules below are the parts it is built from. See `docs/architecture.md` for the map.
+
+pub mod client;
+pub mod cni;
+pub mod config;
+pub mod containerd;
+pub mod cri;
+pub mod failpoint;
+pub mod fsusage;
+pub mod fsutil;
+pub mod logging;
+pub mod server;

@@ -1,0 +1,143 @@
+//! The `crius` command: serve the CRI (default), print or check the config, print the version.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use crius::config::{Config, DEFAULT_CONFIG_PATH, DEFAULT_CONFIG_TOML};
+use crius::server::CriService;
+
+#[derive(Parser)]
+#[command(
+    name = "crius",
+    version,
+    about = "A Kubernetes CRI runtime and image service for containerd"
+)]
+struct Cli {
+    /// The config file [default: /etc/crius/config.toml when it exists, else built-in defaults]
+    #[arg(long, short = 'c', global = true, env = "CRIUS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Override the configured log level (error, warn, info, debug, trace, or a filter)
+    #[arg(long, global = true)]
+    log_level: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the CRI (the default when no command is given)
+    Serve,
+    /// Print or check the configuration
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Print the version
+    Version,
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Print the complete default configuration, commented
+    Default,
+    /// Validate a configuration file and exit non-zero naming the offending key
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Version => {
+            println!("crius {}", env!("CARGO_PKG_VERSION"));
+            println!("CRI API: v1, v1alpha2");
+            ExitCode::SUCCESS
+        }
+        Command::Config {
+            action: ConfigAction::Default,
+        } => {
+            print!("{DEFAULT_CONFIG_TOML}");
+            ExitCode::SUCCESS
+        }
+        Command::Config {
+            action: ConfigAction::Check,
+        } => {
+            let path = cli
+                .config
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
+            match Config::load(&path) {
+                Ok(_) => {
+                    println!("{}: OK", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("crius: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Serve => serve(cli.config, cli.log_level),
+    }
+}
+
+fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
+    let config = match Config::load_or_default(config_path.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("crius: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    crius::logging::init(
+        log_level.as_deref().unwrap_or(&config.log.level),
+        config.log.format,
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("crius")
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("crius: failed to start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(async {
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), "crius starting");
+        let service = match CriService::new(config).await {
+            Ok(service) => service,
+            Err(e) => {
+                tracing::error!("failed to start: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match service.run(stop_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("crius stopped because of a failure: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    });
+    // Abandoned tasks (beyond the shutdown grace) must not hold the exit.
+    runtime.shutdown_background();
+    code
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; only a critical failure stops crius");
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("received SIGTERM"),
+        _ = int.recv() => tracing::info!("received SIGINT"),
+    }
+}

@@ -1,0 +1,163 @@
+//! Service assembly and supervision.
+//!
+//! `CriService::new` builds everything; `run` binds the gRPC and ttrpc sockets, recovers,
+//! starts the critical tasks, marks the service initialized and then waits: a stop request
+//! (SIGTERM/SIGINT in `main`) shuts down cleanly and returns `Ok`, a critical task that ends
+//! shuts down the same way and returns the cause. Shutdown is bounded: in-flight RPCs get
+//! [`SHUTDOWN_GRACE`], then everything still running is abandoned and the sockets removed.
+
+pub mod rpc;
+mod service;
+pub mod socket;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::UnixListenerStream;
+
+pub use rpc::{ContainerEventStream, CriServer};
+pub use service::{CriService, ServiceError, ServiceState};
+
+/// How long shutdown waits for in-flight RPCs and tasks before abandoning them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// A critical task's name and how it ended.
+type TaskEnd = (&'static str, Result<(), String>);
+
+impl CriService {
+    /// Serves the CRI until `stop` resolves (`Ok`) or a critical task ends (`Err` with the
+    /// cause). The sockets are removed before this returns.
+    pub async fn run(&self, stop: impl Future<Output = ()>) -> Result<(), ServiceError> {
+        let grpc_path = self.config.grpc.address.clone();
+        let ttrpc_path = self.config.grpc.ttrpc_address.clone();
+        let grpc_listener = socket::bind(&grpc_path).await?;
+        let ttrpc_listener = match socket::bind(&ttrpc_path).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                socket::remove(&grpc_path);
+                return Err(e.into());
+            }
+        };
+
+        let server = CriServer::new(self.clone());
+        let mut tasks: JoinSet<TaskEnd> = JoinSet::new();
+        let routes = rpc::grpc_routes(server.clone());
+        let cancel = self.shutdown.clone();
+        tasks.spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(
+                    UnixListenerStream::new(grpc_listener),
+                    cancel.cancelled_owned(),
+                )
+                .await;
+            ("grpc server", served.map_err(|e| e.to_string()))
+        });
+        let mut ttrpc = ttrpc::r#async::Server::new()
+            .add_listener(ttrpc::r#async::transport::Listener::from(ttrpc_listener))
+            .register_service(rpc::ttrpc_services(server));
+
+        let mut stop = std::pin::pin!(stop);
+        let outcome = match ttrpc.start().await {
+            Err(e) => Err(ServiceError::Ttrpc(e.to_string())),
+            Ok(()) => tokio::select! {
+                _ = &mut stop => {
+                    tracing::info!("stop requested during start-up");
+                    Ok(())
+                }
+                started = self.start(&mut tasks) => match started {
+                    Err(e) => Err(e),
+                    Ok(()) => {
+                        tracing::info!(
+                            grpc = %grpc_path.display(),
+                            ttrpc = %ttrpc_path.display(),
+                            "crius is serving the CRI"
+                        );
+                        self.supervise(&mut tasks, stop).await
+                    }
+                },
+            },
+        };
+
+        self.close();
+        let ttrpc_stop = async {
+            if tokio::time::timeout(SHUTDOWN_GRACE, ttrpc.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::warn!("ttrpc server did not stop in time");
+            }
+        };
+        let tasks_stop = async {
+            let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+                while let Some(ended) = tasks.join_next().await {
+                    if let Ok((task, Err(e))) = ended {
+                        tracing::warn!(task, error = %e, "task failed while stopping");
+                    }
+                }
+            })
+            .await;
+            if drained.is_err() {
+                tracing::warn!("tasks still running after the shutdown grace; abandoning them");
+                tasks.abort_all();
+            }
+        };
+        tokio::join!(ttrpc_stop, tasks_stop);
+        socket::remove(&grpc_path);
+        socket::remove(&ttrpc_path);
+        tracing::info!("crius stopped");
+        outcome
+    }
+
+    /// Recovers state and starts the critical tasks, then marks the service initialized.
+    async fn start(&self, tasks: &mut JoinSet<TaskEnd>) -> Result<(), ServiceError> {
+        crate::failpoint::hit("startup").await?;
+
+        let syncer = crate::cni::syncer::CniConfSyncer::new(self.cni.clone());
+        let cancel = self.shutdown.clone();
+        tasks.spawn(async move {
+            let ended = syncer.run(cancel).await;
+            ("CNI conf syncer", ended.map_err(|e| e.to_string()))
+        });
+
+        let service = self.clone();
+        tasks.spawn(async move {
+            service
+                .image_fs
+                .run_syncer(
+                    service.config.stats_collect_period,
+                    service.shutdown.clone(),
+                )
+                .await;
+            ("image filesystem usage syncer", Ok(()))
+        });
+
+        self.mark_initialized();
+        Ok(())
+    }
+
+    /// Waits for a stop request or for a critical task to end.
+    async fn supervise(
+        &self,
+        tasks: &mut JoinSet<TaskEnd>,
+        stop: impl Future<Output = ()>,
+    ) -> Result<(), ServiceError> {
+        tokio::select! {
+            _ = stop => {
+                tracing::info!("stop requested; shutting down");
+                Ok(())
+            }
+            ended = tasks.join_next() => {
+                let (task, reason) = match ended {
+                    Some(Ok((task, Err(reason)))) => (task, reason),
+                    Some(Ok((task, Ok(())))) => (task, "exited unexpectedly".to_string()),
+                    Some(Err(join)) => ("unknown task", join.to_string()),
+                    None => ("all tasks", "no task is running".to_string()),
+                };
+                tracing::error!(task, %reason, "critical task failed; shutting down");
+                Err(ServiceError::CriticalTask { task, reason })
+            }
+        }
+    }
+}

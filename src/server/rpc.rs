@@ -1,0 +1,530 @@
+//! The CRI surface: every RPC of `runtime.v1` and `runtime.v1alpha2`, over gRPC and ttrpc,
+//! all funnelled into the same `CriService` handlers.
+//!
+//! `CriServer` is the instrumented layer: it answers `UNAVAILABLE` until start-up has
+//! finished, and logs one line per call with the method, the ids, the latency and the code.
+//! `v1alpha2` messages are wire-compatible with `v1`, so they are transcoded through their
+//! bytes and served by the `v1` implementation; ttrpc requests are decoded as `v1` directly.
+//! The RPC lists below are the single source for all three.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+use k8s_cri::{v1, v1alpha2};
+use prost::Message;
+use tonic::{Code, Status};
+
+use super::CriService;
+
+/// The stream type of `GetContainerEvents`.
+pub type ContainerEventStream = Pin<
+    Box<dyn futures::Stream<Item = Result<v1::ContainerEventResponse, Status>> + Send + 'static>,
+>;
+
+/// The largest CRI message crius sends or accepts (containerd uses the same bound).
+pub const MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
+
+/// The instrumented CRI server handed to tonic and ttrpc.
+#[derive(Clone)]
+pub struct CriServer {
+    service: CriService,
+}
+
+impl CriServer {
+    pub fn new(service: CriService) -> Self {
+        Self { service }
+    }
+
+    /// Gates, times and logs one call.
+    async fn instrument<T>(
+        &self,
+        rpc: &'static str,
+        ids: String,
+        call: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        if !self.service.is_initialized() {
+            tracing::debug!(rpc, id = %ids, "rejected: server is not initialized yet");
+            return Err(Status::unavailable("server is not initialized yet"));
+        }
+        let start = Instant::now();
+        let result = match crate::failpoint::hit_rpc(rpc).await {
+            Ok(()) => call.await,
+            Err(e) => Err(Status::internal(e.to_string())),
+        };
+        let latency_us = start.elapsed().as_micros() as u64;
+        match &result {
+            Ok(_) if is_read_only(rpc) => {
+                tracing::debug!(rpc, id = %ids, latency_us, code = "OK");
+            }
+            Ok(_) => tracing::info!(rpc, id = %ids, latency_us, code = "OK"),
+            Err(status) if is_server_fault(status.code()) => tracing::error!(
+                rpc, id = %ids, latency_us, code = ?status.code(), error = status.message()
+            ),
+            Err(status) => tracing::warn!(
+                rpc, id = %ids, latency_us, code = ?status.code(), error = status.message()
+            ),
+        }
+        result
+    }
+
+    /// One unary `v1` call: unwrap, instrument, run the handler, wrap.
+    async fn unary<Req, Resp, Fut>(
+        &self,
+        rpc: &'static str,
+        request: tonic::Request<Req>,
+        handler: impl FnOnce(CriService, Req) -> Fut,
+    ) -> Result<tonic::Response<Resp>, Status>
+    where
+        Req: LogIds,
+        Fut: Future<Output = Result<Resp, Status>>,
+    {
+        let req = request.into_inner();
+        let ids = req.log_ids();
+        self.instrument(rpc, ids, handler(self.service.clone(), req))
+            .await
+            .map(tonic::Response::new)
+    }
+
+    /// One unary `v1alpha2` call, served by the `v1` implementation.
+    async fn alpha<A, B, R1, R2, Fut>(
+        &self,
+        request: tonic::Request<A>,
+        v1_call: impl FnOnce(CriServer, tonic::Request<B>) -> Fut,
+    ) -> Result<tonic::Response<R2>, Status>
+    where
+        A: Message,
+        B: Message + Default,
+        R1: Message,
+        R2: Message + Default + 'static,
+        Fut: Future<Output = Result<tonic::Response<R1>, Status>>,
+    {
+        let req: B = transcode(&request.into_inner())?;
+        let resp = v1_call(self.clone(), tonic::Request::new(req))
+            .await?
+            .into_inner();
+        let mut resp: R2 = transcode(&resp)?;
+        mark_alpha(&mut resp);
+        Ok(tonic::Response::new(resp))
+    }
+}
+
+/// Reads that kubelet polls constantly are logged at debug level, changes at info.
+fn is_read_only(rpc: &str) -> bool {
+    rpc.starts_with("List")
+        || rpc.ends_with("Status")
+        || rpc.ends_with("Stats")
+        || matches!(rpc, "Version" | "ImageFsInfo" | "RuntimeConfig")
+}
+
+fn is_server_fault(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Internal | Code::Unknown | Code::DataLoss | Code::Unavailable
+    )
+}
+
+/// Re-encodes a message as its wire-compatible counterpart in the other API version.
+fn transcode<A: Message, B: Message + Default>(msg: &A) -> Result<B, Status> {
+    B::decode(msg.encode_to_vec().as_slice())
+        .map_err(|e| Status::internal(format!("converting between CRI API versions: {e}")))
+}
+
+/// `Version` on a `v1alpha2` endpoint reports that API version.
+fn mark_alpha(resp: &mut dyn Any) {
+    if let Some(v) = resp.downcast_mut::<v1alpha2::VersionResponse>() {
+        v.runtime_api_version = "v1alpha2".to_string();
+    } else if let Some(v) = resp.downcast_mut::<v1::VersionResponse>() {
+        v.runtime_api_version = "v1alpha2".to_string();
+    }
+}
+
+/// The ids a request is about, for the log line.
+pub trait LogIds {
+    fn log_ids(&self) -> String;
+}
+
+macro_rules! log_ids {
+    ($($req:ident($r:ident) => $ids:expr;)*) => {
+        $(impl LogIds for v1::$req {
+            fn log_ids(&self) -> String {
+                let $r = self;
+                $ids
+            }
+        })*
+    };
+}
+
+macro_rules! no_log_ids {
+    ($($req:ident),* $(,)?) => {
+        $(impl LogIds for v1::$req {
+            fn log_ids(&self) -> String {
+                String::new()
+            }
+        })*
+    };
+}
+
+log_ids! {
+    RunPodSandboxRequest(r) => r
+        .config
+        .as_ref()
+        .and_then(|c| c.metadata.as_ref())
+        .map(|m| format!("{}/{}", m.namespace, m.name))
+        .unwrap_or_default();
+    StopPodSandboxRequest(r) => r.pod_sandbox_id.clone();
+    RemovePodSandboxRequest(r) => r.pod_sandbox_id.clone();
+    PodSandboxStatusRequest(r) => r.pod_sandbox_id.clone();
+    PodSandboxStatsRequest(r) => r.pod_sandbox_id.clone();
+    PortForwardRequest(r) => r.pod_sandbox_id.clone();
+    CreateContainerRequest(r) => format!(
+        "{}/{}",
+        r.pod_sandbox_id,
+        r.config
+            .as_ref()
+            .and_then(|c| c.metadata.as_ref())
+            .map(|m| m.name.as_str())
+            .unwrap_or_default()
+    );
+    StartContainerRequest(r) => r.container_id.clone();
+    StopContainerRequest(r) => r.container_id.clone();
+    RemoveContainerRequest(r) => r.container_id.clone();
+    ContainerStatusRequest(r) => r.container_id.clone();
+    UpdateContainerResourcesRequest(r) => r.container_id.clone();
+    ReopenContainerLogRequest(r) => r.container_id.clone();
+    ExecSyncRequest(r) => r.container_id.clone();
+    ExecRequest(r) => r.container_id.clone();
+    AttachRequest(r) => r.container_id.clone();
+    ContainerStatsRequest(r) => r.container_id.clone();
+    CheckpointContainerRequest(r) => r.container_id.clone();
+    PullImageRequest(r) => r.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+    ImageStatusRequest(r) => r.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+    RemoveImageRequest(r) => r.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+}
+
+no_log_ids!(
+    VersionRequest,
+    StatusRequest,
+    ListPodSandboxRequest,
+    ListContainersRequest,
+    ListContainerStatsRequest,
+    ListPodSandboxStatsRequest,
+    UpdateRuntimeConfigRequest,
+    ListMetricDescriptorsRequest,
+    ListPodSandboxMetricsRequest,
+    RuntimeConfigRequest,
+    ListImagesRequest,
+    ImageFsInfoRequest,
+    GetEventsRequest,
+);
+
+/// Calls `$m! { $($pre)* <list> }` with the unary RuntimeService RPCs: all of `v1`
+/// (`all`), or those `v1alpha2` has too (`v1alpha2`).
+macro_rules! runtime_rpcs {
+    ($m:ident { $($pre:tt)* }, all) => {
+        runtime_rpcs!(@emit $m { $($pre)* } [
+            checkpoint_container "CheckpointContainer" CheckpointContainerRequest CheckpointContainerResponse;
+            list_metric_descriptors "ListMetricDescriptors" ListMetricDescriptorsRequest ListMetricDescriptorsResponse;
+            list_pod_sandbox_metrics "ListPodSandboxMetrics" ListPodSandboxMetricsRequest ListPodSandboxMetricsResponse;
+            runtime_config "RuntimeConfig" RuntimeConfigRequest RuntimeConfigResponse;
+        ]);
+    };
+    ($m:ident { $($pre:tt)* }, v1alpha2) => {
+        runtime_rpcs!(@emit $m { $($pre)* } []);
+    };
+    (@emit $m:ident { $($pre:tt)* } [$($extra:tt)*]) => {
+        $m! { $($pre)*
+            version "Version" VersionRequest VersionResponse;
+            run_pod_sandbox "RunPodSandbox" RunPodSandboxRequest RunPodSandboxResponse;
+            stop_pod_sandbox "StopPodSandbox" StopPodSandboxRequest StopPodSandboxResponse;
+            remove_pod_sandbox "RemovePodSandbox" RemovePodSandboxRequest RemovePodSandboxResponse;
+            pod_sandbox_status "PodSandboxStatus" PodSandboxStatusRequest PodSandboxStatusResponse;
+            list_pod_sandbox "ListPodSandbox" ListPodSandboxRequest ListPodSandboxResponse;
+            create_container "CreateContainer" CreateContainerRequest CreateContainerResponse;
+            start_container "StartContainer" StartContainerRequest StartContainerResponse;
+            stop_container "StopContainer" StopContainerRequest StopContainerResponse;
+            remove_container "RemoveContainer" RemoveContainerRequest RemoveContainerResponse;
+            list_containers "ListContainers" ListContainersRequest ListContainersResponse;
+            container_status "ContainerStatus" ContainerStatusRequest ContainerStatusResponse;
+            update_container_resources "UpdateContainerResources" UpdateContainerResourcesRequest UpdateContainerResourcesResponse;
+            reopen_container_log "ReopenContainerLog" ReopenContainerLogRequest ReopenContainerLogResponse;
+            exec_sync "ExecSync" ExecSyncRequest ExecSyncResponse;
+            exec "Exec" ExecRequest ExecResponse;
+            attach "Attach" AttachRequest AttachResponse;
+            port_forward "PortForward" PortForwardRequest PortForwardResponse;
+            container_stats "ContainerStats" ContainerStatsRequest ContainerStatsResponse;
+            list_container_stats "ListContainerStats" ListContainerStatsRequest ListContainerStatsResponse;
+            pod_sandbox_stats "PodSandboxStats" PodSandboxStatsRequest PodSandboxStatsResponse;
+            list_pod_sandbox_stats "ListPodSandboxStats" ListPodSandboxStatsRequest ListPodSandboxStatsResponse;
+            update_runtime_config "UpdateRuntimeConfig" UpdateRuntimeConfigRequest UpdateRuntimeConfigResponse;
+            status "Status" StatusRequest StatusResponse;
+            $($extra)*
+        }
+    };
+}
+
+/// Calls `$m! { $($pre)* <list> }` with the ImageService RPCs (the same in both versions).
+macro_rules! image_rpcs {
+    ($m:ident { $($pre:tt)* }) => {
+        $m! { $($pre)*
+            list_images "ListImages" ListImagesRequest ListImagesResponse;
+            image_status "ImageStatus" ImageStatusRequest ImageStatusResponse;
+            pull_image "PullImage" PullImageRequest PullImageResponse;
+            remove_image "RemoveImage" RemoveImageRequest RemoveImageResponse;
+            image_fs_info "ImageFsInfo" ImageFsInfoRequest ImageFsInfoResponse;
+        }
+    };
+}
+
+/// The `v1` RuntimeService: every unary RPC plus the `GetContainerEvents` stream.
+macro_rules! impl_v1_runtime {
+    ($($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
+        #[tonic::async_trait]
+        impl v1::runtime_service_server::RuntimeService for CriServer {
+            type GetContainerEventsStream = ContainerEventStream;
+
+            async fn get_container_events(
+                &self,
+                request: tonic::Request<v1::GetEventsRequest>,
+            ) -> Result<tonic::Response<ContainerEventStream>, Status> {
+                self.unary("GetContainerEvents", request, |s, r| async move {
+                    s.get_container_events(r).await
+                })
+                .await
+            }
+
+            $(
+                async fn $name(
+                    &self,
+                    request: tonic::Request<v1::$req>,
+                ) -> Result<tonic::Response<v1::$resp>, Status> {
+                    self.unary($rpc, request, |s, r| async move { s.$name(r).await }).await
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! impl_v1_image {
+    ($($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
+        #[tonic::async_trait]
+        impl v1::image_service_server::ImageService for CriServer {
+            $(
+                async fn $name(
+                    &self,
+                    request: tonic::Request<v1::$req>,
+                ) -> Result<tonic::Response<v1::$resp>, Status> {
+                    self.unary($rpc, request, |s, r| async move { s.$name(r).await }).await
+                }
+            )*
+        }
+    };
+}
+
+/// A `v1alpha2` service whose every RPC is served by the matching `v1` one.
+macro_rules! impl_v1alpha2 {
+    ($alpha:path, $v1:path; $($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
+        #[tonic::async_trait]
+        impl $alpha for CriServer {
+            $(
+                async fn $name(
+                    &self,
+                    request: tonic::Request<v1alpha2::$req>,
+                ) -> Result<tonic::Response<v1alpha2::$resp>, Status> {
+                    self.alpha(request, |s, r: tonic::Request<v1::$req>| async move {
+                        <CriServer as $v1>::$name(&s, r).await
+                    })
+                    .await
+                }
+            )*
+        }
+    };
+}
+
+/// Decodes a ttrpc payload as `v1`, serves it through the `v1` trait and encodes the reply.
+macro_rules! impl_ttrpc_dispatch {
+    ($dispatch:ident, $methods:ident, $v1:path; $($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
+        const $methods: &[&str] = &[$($rpc),*];
+
+        impl CriServer {
+            async fn $dispatch(
+                &self,
+                method: &str,
+                payload: &[u8],
+                alpha: bool,
+            ) -> Result<Vec<u8>, Status> {
+                match method {
+                    $(
+                        $rpc => {
+                            let req = v1::$req::decode(payload).map_err(|e| {
+                                Status::invalid_argument(format!("malformed {} request: {e}", $rpc))
+                            })?;
+                            let mut resp = <CriServer as $v1>::$name(self, tonic::Request::new(req))
+                                .await?
+                                .into_inner();
+                            if alpha {
+                                mark_alpha(&mut resp);
+                            }
+                            Ok(resp.encode_to_vec())
+                        }
+                    )*
+                    other => Err(Status::unimplemented(format!("unknown method {other}"))),
+                }
+            }
+        }
+    };
+}
+
+runtime_rpcs!(impl_v1_runtime {}, all);
+image_rpcs!(impl_v1_image {});
+runtime_rpcs!(impl_v1alpha2 {
+    v1alpha2::runtime_service_server::RuntimeService,
+    v1::runtime_service_server::RuntimeService;
+}, v1alpha2);
+image_rpcs!(impl_v1alpha2 {
+    v1alpha2::image_service_server::ImageService,
+    v1::image_service_server::ImageService;
+});
+runtime_rpcs!(impl_ttrpc_dispatch {
+    dispatch_runtime, RUNTIME_METHODS, v1::runtime_service_server::RuntimeService;
+}, all);
+image_rpcs!(impl_ttrpc_dispatch {
+    dispatch_image, IMAGE_METHODS, v1::image_service_server::ImageService;
+});
+
+/// The gRPC services to put on a tonic server: both API versions of both services.
+pub fn grpc_routes(server: CriServer) -> tonic::service::Routes {
+    use v1::image_service_server::ImageServiceServer as V1Image;
+    use v1::runtime_service_server::RuntimeServiceServer as V1Runtime;
+    use v1alpha2::image_service_server::ImageServiceServer as AlphaImage;
+    use v1alpha2::runtime_service_server::RuntimeServiceServer as AlphaRuntime;
+
+    macro_rules! sized {
+        ($svc:expr) => {
+            $svc.max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE)
+        };
+    }
+    tonic::service::Routes::new(sized!(V1Runtime::new(server.clone())))
+        .add_service(sized!(V1Image::new(server.clone())))
+        .add_service(sized!(AlphaRuntime::new(server.clone())))
+        .add_service(sized!(AlphaImage::new(server)))
+}
+
+#[derive(Clone, Copy)]
+enum ApiService {
+    Runtime,
+    Image,
+}
+
+/// One ttrpc method: decodes, dispatches and answers with the payload or the status.
+struct TtrpcMethod {
+    server: CriServer,
+    service: ApiService,
+    method: &'static str,
+    alpha: bool,
+}
+
+#[async_trait::async_trait]
+impl ttrpc::r#async::MethodHandler for TtrpcMethod {
+    async fn handler(
+        &self,
+        _ctx: ttrpc::r#async::TtrpcContext,
+        req: ttrpc::Request,
+    ) -> ttrpc::Result<ttrpc::Response> {
+        let result = match self.service {
+            ApiService::Runtime => {
+                self.server
+                    .dispatch_runtime(self.method, &req.payload, self.alpha)
+                    .await
+            }
+            ApiService::Image => {
+                self.server
+                    .dispatch_image(self.method, &req.payload, self.alpha)
+                    .await
+            }
+        };
+        let mut resp = ttrpc::Response::new();
+        match result {
+            Ok(payload) => resp.payload = payload,
+            Err(status) => {
+                let code = <ttrpc::Code as protobuf::Enum>::from_i32(status.code() as i32)
+                    .unwrap_or(ttrpc::Code::UNKNOWN);
+                resp.status =
+                    protobuf::MessageField::some(ttrpc::get_status(code, status.message()));
+            }
+        }
+        Ok(resp)
+    }
+}
+
+/// The ttrpc service table: `runtime.v1` and `runtime.v1alpha2`, both services.
+pub fn ttrpc_services(server: CriServer) -> HashMap<String, ttrpc::r#async::Service> {
+    let mut services = HashMap::new();
+    for (version, alpha) in [("v1", false), ("v1alpha2", true)] {
+        for (name, kind, methods) in [
+            ("RuntimeService", ApiService::Runtime, RUNTIME_METHODS),
+            ("ImageService", ApiService::Image, IMAGE_METHODS),
+        ] {
+            let mut table: HashMap<String, Box<dyn ttrpc::r#async::MethodHandler + Send + Sync>> =
+                HashMap::new();
+            for method in methods {
+                table.insert(
+                    method.to_string(),
+                    Box::new(TtrpcMethod {
+                        server: server.clone(),
+                        service: kind,
+                        method,
+                        alpha,
+                    }),
+                );
+            }
+            services.insert(
+                format!("runtime.{version}.{name}"),
+                ttrpc::r#async::Service {
+                    methods: table,
+                    streams: HashMap::new(),
+                },
+            );
+        }
+    }
+    services
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alpha_and_v1_messages_transcode_both_ways() {
+        let v1_req = v1::RemoveContainerRequest {
+            container_id: "abc".into(),
+        };
+        let alpha: v1alpha2::RemoveContainerRequest = transcode(&v1_req).unwrap();
+        assert_eq!(alpha.container_id, "abc");
+        let back: v1::RemoveContainerRequest = transcode(&alpha).unwrap();
+        assert_eq!(back, v1_req);
+    }
+
+    #[test]
+    fn version_on_alpha_reports_alpha() {
+        let mut resp = v1alpha2::VersionResponse {
+            runtime_api_version: "v1".into(),
+            ..Default::default()
+        };
+        mark_alpha(&mut resp);
+        assert_eq!(resp.runtime_api_version, "v1alpha2");
+        let mut other = v1::StatusResponse::default();
+        mark_alpha(&mut other);
+        assert_eq!(other, v1::StatusResponse::default());
+    }
+
+    #[test]
+    fn every_v1_rpc_is_reachable_over_ttrpc() {
+        assert_eq!(RUNTIME_METHODS.len(), 28);
+        assert!(RUNTIME_METHODS.contains(&"RuntimeConfig"));
+        assert_eq!(IMAGE_METHODS.len(), 5);
+    }
+}

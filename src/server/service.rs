@@ -1,0 +1,123 @@
+//! The service object: everything crius owns, created by `new`, served by `run`, stopped by
+//! `close`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cni::NetworkConfigs;
+use crate::config::Config;
+use crate::containerd::{Containerd, ContainerdError};
+use crate::fsusage::ImageFs;
+
+/// Errors that stop crius from starting or make it stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Containerd(#[from] ContainerdError),
+    #[error("failed to create directory {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Socket(#[from] super::socket::SocketError),
+    #[error("failed to start the ttrpc server: {0}")]
+    Ttrpc(String),
+    #[error("critical task {task} failed: {reason}")]
+    CriticalTask { task: &'static str, reason: String },
+    #[error(transparent)]
+    Failpoint(#[from] crate::failpoint::Triggered),
+}
+
+/// The state behind the CRI handlers. Shared by cheap clones of [`CriService`].
+pub struct ServiceState {
+    pub config: Config,
+    pub containerd: Containerd,
+    pub image_fs: ImageFs,
+    pub cni: Arc<NetworkConfigs>,
+    /// The pod CIDR kubelet last sent with UpdateRuntimeConfig.
+    pub pod_cidr: std::sync::Mutex<String>,
+    initialized: AtomicBool,
+    /// Fired by `close`: every task of the service watches it.
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// The CRI service. Clones share one state.
+#[derive(Clone)]
+pub struct CriService(Arc<ServiceState>);
+
+impl std::ops::Deref for CriService {
+    type Target = ServiceState;
+    fn deref(&self) -> &ServiceState {
+        &self.0
+    }
+}
+
+impl CriService {
+    /// Connects to containerd, checks the snapshotter, prepares directories and builds every
+    /// part of the service. Nothing serves yet.
+    pub async fn new(config: Config) -> Result<Self, ServiceError> {
+        let containerd = Containerd::connect(
+            &config.containerd.address,
+            &config.containerd.namespace,
+            config.containerd.connect_timeout,
+        )
+        .await?;
+        let version = containerd.version().await?;
+        containerd
+            .check_snapshotter(&config.containerd.snapshotter)
+            .await?;
+        tracing::info!(address = %config.containerd.address.display(), %version, namespace = containerd.namespace(), "connected to containerd");
+
+        create_private_dir(&config.root)?;
+        create_private_dir(&config.state)?;
+
+        let image_fs = ImageFs::new(config.image_fs_path());
+        if !image_fs.path().is_dir() {
+            tracing::warn!(path = %image_fs.path().display(), "image filesystem directory does not exist: check containerd.root and containerd.snapshotter");
+        }
+        let cni = Arc::new(NetworkConfigs::load(
+            config.cni.conf_dir.clone(),
+            config.cni.bin_dirs.clone(),
+            config.cni.max_conf_num,
+        ));
+
+        Ok(Self(Arc::new(ServiceState {
+            config,
+            containerd,
+            image_fs,
+            cni,
+            pod_cidr: std::sync::Mutex::new(String::new()),
+            initialized: AtomicBool::new(false),
+            shutdown: CancellationToken::new(),
+        })))
+    }
+
+    /// Whether start-up has finished; until then RPCs answer `UNAVAILABLE`.
+    pub fn is_initialized(&self) -> bool {
+        self.initialized.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_initialized(&self) {
+        self.initialized.store(true, Ordering::Release);
+    }
+
+    /// Stops the service's tasks (CNI watcher, syncers, servers). Idempotent.
+    pub fn close(&self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Creates `path` (and parents) with mode 0711: others may traverse but not list.
+fn create_private_dir(path: &Path) -> Result<(), ServiceError> {
+    let err = |source| ServiceError::CreateDir {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o711)).map_err(err)
+}

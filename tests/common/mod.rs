@@ -1,0 +1,250 @@
+//! The integration test harness: a crius process per test, against the test bed's real
+//! containerd and registry (`scripts/testbed.sh up`, done by `make test`).
+//!
+//! Each `Crius` gets its own directory (root, state, sockets, CNI conf dir) and its own
+//! containerd namespace, so tests run in parallel without seeing each other.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crius::client::CriClient;
+use crius::config::Config;
+use k8s_cri::v1::VersionRequest;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+/// What the test bed provides, from the environment `scripts/testbed.sh env` prints.
+pub struct Testbed {
+    pub containerd_address: PathBuf,
+    pub containerd_root: PathBuf,
+    pub registry: String,
+}
+
+impl Testbed {
+    pub fn from_env() -> Self {
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| {
+                panic!(
+                    "{name} is not set: run the integration tests with `make test`, or \
+                     `make testbed-up && eval \"$(scripts/testbed.sh env)\" && cargo test`"
+                )
+            })
+        };
+        Self {
+            containerd_address: var("CRIUS_TEST_CONTAINERD_ADDRESS").into(),
+            containerd_root: var("CRIUS_TEST_CONTAINERD_ROOT").into(),
+            registry: var("CRIUS_TEST_REGISTRY"),
+        }
+    }
+}
+
+/// A crius daemon started for one test. Killed on drop.
+pub struct Crius {
+    pub dir: tempfile::TempDir,
+    pub config: Config,
+    pub config_path: PathBuf,
+    log_path: PathBuf,
+    child: Option<Child>,
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+impl Crius {
+    /// A config for a fresh crius against the test bed; tests adjust it before `spawn`.
+    pub fn config(dir: &Path) -> Config {
+        let testbed = Testbed::from_env();
+        let mut config = Config {
+            root: dir.join("root"),
+            state: dir.join("state"),
+            ..Config::default()
+        };
+        config.grpc.address = dir.join("crius.sock");
+        config.grpc.ttrpc_address = dir.join("crius.sock.ttrpc");
+        config.containerd.address = testbed.containerd_address;
+        config.containerd.root = testbed.containerd_root;
+        config.containerd.connect_timeout = Duration::from_secs(10);
+        config.containerd.namespace = format!(
+            "crius-test-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        config.cni.conf_dir = dir.join("net.d");
+        config.log.level = "crius=debug,info".to_string();
+        config
+    }
+
+    /// Starts crius with `adjust` applied to the default test config; does not wait.
+    pub fn spawn_with(adjust: impl FnOnce(&mut Config), env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("crius-")
+            .tempdir()
+            .expect("create test dir");
+        let mut config = Self::config(dir.path());
+        adjust(&mut config);
+        let config_path = dir.path().join("config.toml");
+        std::fs::write(
+            &config_path,
+            toml::to_string(&config).expect("serialize config"),
+        )
+        .expect("write config");
+        let log_path = dir.path().join("crius.log");
+        let log = std::fs::File::create(&log_path).expect("create log");
+        let child = Command::new(env!("CARGO_BIN_EXE_crius"))
+            .arg("--config")
+            .arg(&config_path)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn crius");
+        Self {
+            dir,
+            config,
+            config_path,
+            log_path,
+            child: Some(child),
+        }
+    }
+
+    /// Starts crius and waits until it serves.
+    pub async fn start_with(adjust: impl FnOnce(&mut Config), env: &[(&str, &str)]) -> Self {
+        let mut crius = Self::spawn_with(adjust, env);
+        crius.wait_ready(Duration::from_secs(20)).await;
+        crius
+    }
+
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}, &[]).await
+    }
+
+    pub fn grpc_socket(&self) -> &Path {
+        &self.config.grpc.address
+    }
+
+    pub fn ttrpc_socket(&self) -> &Path {
+        &self.config.grpc.ttrpc_address
+    }
+
+    pub fn conf_dir(&self) -> &Path {
+        &self.config.cni.conf_dir
+    }
+
+    /// Waits until `Version` succeeds; panics with the log when it does not in time.
+    pub async fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(mut client) = CriClient::connect(self.grpc_socket()).await
+                && client
+                    .runtime
+                    .version(VersionRequest::default())
+                    .await
+                    .is_ok()
+            {
+                return;
+            }
+            if let Some(status) = self.try_wait() {
+                panic!("crius exited early with {status}:\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                panic!("crius did not become ready in {timeout:?}:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn client(&self) -> CriClient {
+        CriClient::connect(self.grpc_socket())
+            .await
+            .expect("connect to crius")
+    }
+
+    /// Everything crius logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Pid {
+        let child = self.child.as_ref().expect("crius is running");
+        Pid::from_raw(child.id() as i32)
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        nix::sys::signal::kill(self.pid(), signal).expect("signal crius");
+    }
+
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().expect("wait for crius"))
+    }
+
+    /// Waits up to `timeout` for crius to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// SIGTERM and wait; panics if crius does not exit 0 within 5 s.
+    pub async fn stop(&mut self) {
+        self.signal(Signal::SIGTERM);
+        let status = self.wait_exit(Duration::from_secs(5)).await;
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "crius did not stop cleanly ({status:?}):\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Crius {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Polls `check` every 50 ms until it returns true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A bridge network with host-local IPAM, portmap and loopback, as `make run` writes it.
+pub fn bridge_conflist(name: &str, subnet: &str) -> String {
+    format!(
+        r#"{{
+  "cniVersion": "1.0.0",
+  "name": "{name}",
+  "plugins": [
+    {{"type": "bridge", "bridge": "{name}0", "isGateway": true, "ipMasq": true,
+      "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{subnet}"}}]],
+               "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
+    {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
+  ]
+}}"#
+    )
+}

@@ -1,0 +1,437 @@
+//! The daemon itself: both transports and API versions, Status and the CNI conf syncer,
+//! ImageFsInfo, start-up checks, the initialized gate, and supervised shutdown.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Crius, bridge_conflist, eventually};
+use crius::client::{CriClient, CriClientV1alpha2, TtrpcCriClient};
+use k8s_cri::v1::{
+    ImageFsInfoRequest, NetworkConfig, RunPodSandboxRequest, RuntimeConfigRequest, StatusRequest,
+    StatusResponse, UpdateRuntimeConfigRequest, VersionRequest,
+};
+use k8s_cri::v1alpha2;
+use nix::sys::signal::Signal;
+
+fn condition(resp: &StatusResponse, kind: &str) -> (bool, String, String) {
+    let c = resp
+        .status
+        .as_ref()
+        .expect("status")
+        .conditions
+        .iter()
+        .find(|c| c.r#type == kind)
+        .unwrap_or_else(|| panic!("no {kind} condition"));
+    (c.status, c.reason.clone(), c.message.clone())
+}
+
+async fn network_ready(client: &mut CriClient) -> bool {
+    let resp = client
+        .runtime
+        .status(StatusRequest { verbose: false })
+        .await
+        .expect("status")
+        .into_inner();
+    condition(&resp, "NetworkReady").0
+}
+
+/// Waits up to 2 s for NetworkReady to become `want`.
+async fn wait_network(client: &CriClient, want: bool) -> bool {
+    eventually(Duration::from_secs(2), || {
+        let mut client = client.clone();
+        async move { network_ready(&mut client).await == want }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn version_answers_over_grpc_v1_v1alpha2_and_ttrpc() {
+    let crius = Crius::start().await;
+
+    let v1 = crius
+        .client()
+        .await
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("v1 version")
+        .into_inner();
+    assert_eq!(v1.runtime_name, "crius");
+    assert_eq!(v1.runtime_api_version, "v1");
+    assert_eq!(v1.runtime_version, env!("CARGO_PKG_VERSION"));
+
+    let mut alpha = CriClientV1alpha2::connect(crius.grpc_socket())
+        .await
+        .expect("connect v1alpha2");
+    let v1alpha2 = alpha
+        .runtime
+        .version(v1alpha2::VersionRequest::default())
+        .await
+        .expect("v1alpha2 version")
+        .into_inner();
+    assert_eq!(v1alpha2.runtime_name, "crius");
+    assert_eq!(v1alpha2.runtime_api_version, "v1alpha2");
+
+    let ttrpc = TtrpcCriClient::connect(crius.ttrpc_socket())
+        .await
+        .expect("connect ttrpc");
+    let over_ttrpc = ttrpc.version("v1").await.expect("ttrpc version");
+    assert_eq!(over_ttrpc.runtime_name, "crius");
+    assert_eq!(over_ttrpc.runtime_api_version, "v1");
+    let alpha_ttrpc = ttrpc.version("v1alpha2").await.expect("ttrpc v1alpha2");
+    assert_eq!(alpha_ttrpc.runtime_api_version, "v1alpha2");
+
+    // Errors keep their code over ttrpc too.
+    let err = ttrpc
+        .call::<_, k8s_cri::v1::RunPodSandboxResponse>(
+            "runtime.v1.RuntimeService",
+            "RunPodSandbox",
+            &RunPodSandboxRequest::default(),
+        )
+        .await
+        .expect_err("not built yet");
+    assert_ne!(err.code(), tonic::Code::Ok);
+    assert_ne!(err.code(), tonic::Code::Unknown, "{err:?}");
+}
+
+#[tokio::test]
+async fn status_reports_runtime_ready_and_follows_the_cni_conf_dir() {
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let conf_dir = crius.conf_dir().to_path_buf();
+
+    let resp = client
+        .runtime
+        .status(StatusRequest { verbose: false })
+        .await
+        .expect("status")
+        .into_inner();
+    assert!(condition(&resp, "RuntimeReady").0);
+    let (ready, reason, message) = condition(&resp, "NetworkReady");
+    assert!(!ready);
+    assert_eq!(reason, "NetworkPluginNotReady");
+    assert!(message.contains("no network config found"), "{message}");
+
+    // A conflist arrives: ready.
+    let file = conf_dir.join("10-test.conflist");
+    std::fs::write(&file, bridge_conflist("crius-test", "10.99.0.0/16")).unwrap();
+    assert!(
+        wait_network(&client, true).await,
+        "conflist added:\n{}",
+        crius.log()
+    );
+
+    // It is removed: not ready.
+    std::fs::remove_file(&file).unwrap();
+    assert!(wait_network(&client, false).await, "conflist removed");
+
+    // A file moved in by rename (only a create/rename event in the dir).
+    let staged = crius.dir.path().join("staged.conflist");
+    std::fs::write(&staged, bridge_conflist("crius-test", "10.99.0.0/16")).unwrap();
+    std::fs::rename(&staged, &file).unwrap();
+    assert!(wait_network(&client, true).await, "conflist renamed in");
+
+    // The conf dir is deleted, then recreated with a config in it.
+    std::fs::remove_dir_all(&conf_dir).unwrap();
+    assert!(wait_network(&client, false).await, "conf dir deleted");
+    std::fs::create_dir(&conf_dir).unwrap();
+    std::fs::write(&file, bridge_conflist("crius-test", "10.99.0.0/16")).unwrap();
+    assert!(wait_network(&client, true).await, "conf dir recreated");
+
+    // Verbose status carries the effective config and the loaded CNI config as JSON.
+    let resp = client
+        .runtime
+        .status(StatusRequest { verbose: true })
+        .await
+        .expect("verbose status")
+        .into_inner();
+    let config: serde_json::Value = serde_json::from_str(&resp.info["config"]).unwrap();
+    assert_eq!(
+        config["containerd"]["namespace"],
+        crius.config.containerd.namespace.as_str()
+    );
+    let cni: serde_json::Value = serde_json::from_str(&resp.info["cniconfig"]).unwrap();
+    assert_eq!(cni["networks"][0]["config"]["name"], "crius-test");
+    assert_eq!(resp.info["lastCNILoadStatus"], "OK");
+}
+
+#[tokio::test]
+async fn image_fs_info_reports_the_snapshotter_directory() {
+    let crius = Crius::start().await;
+    let resp = crius
+        .client()
+        .await
+        .image
+        .image_fs_info(ImageFsInfoRequest {})
+        .await
+        .expect("image fs info")
+        .into_inner();
+    let fs = &resp.image_filesystems[0];
+    let expected = crius
+        .config
+        .containerd
+        .root
+        .join("io.containerd.snapshotter.v1.overlayfs");
+    assert_eq!(
+        fs.fs_id.as_ref().unwrap().mountpoint,
+        expected.display().to_string()
+    );
+    assert!(fs.used_bytes.unwrap().value > 0);
+    assert!(fs.inodes_used.unwrap().value > 0);
+    assert!(fs.timestamp > 0);
+}
+
+#[tokio::test]
+async fn unknown_snapshotter_stops_start_up() {
+    let mut crius = Crius::spawn_with(|c| c.containerd.snapshotter = "nosuch".into(), &[]);
+    let status = crius
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("crius exits");
+    assert!(!status.success());
+    assert!(
+        crius
+            .log()
+            .contains(r#"failed to find snapshotter "nosuch""#),
+        "{}",
+        crius.log()
+    );
+}
+
+#[tokio::test]
+async fn unreachable_containerd_fails_naming_the_socket() {
+    let mut crius = Crius::spawn_with(
+        |c| {
+            c.containerd.address = "/nonexistent/containerd.sock".into();
+            c.containerd.connect_timeout = Duration::from_millis(500);
+        },
+        &[],
+    );
+    let status = crius
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("crius exits");
+    assert!(!status.success());
+    let log = crius.log();
+    assert!(
+        log.contains("failed to connect to containerd at /nonexistent/containerd.sock"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn rpcs_before_start_up_finished_are_unavailable() {
+    let mut crius = Crius::spawn_with(|_| {}, &[("CRIUS_FAILPOINTS", "startup=sleep(3000)")]);
+    let socket = crius.grpc_socket().to_path_buf();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let socket = socket.clone();
+            async move {
+                match CriClient::connect(&socket).await {
+                    Ok(mut client) => match client.runtime.version(VersionRequest::default()).await
+                    {
+                        Err(status) => {
+                            assert_eq!(status.code(), tonic::Code::Unavailable);
+                            assert_eq!(status.message(), "server is not initialized yet");
+                            true
+                        }
+                        Ok(_) => panic!("served before start-up finished"),
+                    },
+                    Err(_) => false,
+                }
+            }
+        })
+        .await,
+        "never saw UNAVAILABLE:\n{}",
+        crius.log()
+    );
+    crius.wait_ready(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_rpc_in_flight_finish_and_exits_zero() {
+    let mut crius =
+        Crius::start_with(|_| {}, &[("CRIUS_FAILPOINTS", "rpc.Version=sleep(1500)")]).await;
+    let mut client = crius.client().await;
+    let in_flight =
+        tokio::spawn(async move { client.runtime.version(VersionRequest::default()).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let start = Instant::now();
+    crius.signal(Signal::SIGTERM);
+    let status = crius
+        .wait_exit(Duration::from_secs(5))
+        .await
+        .expect("crius exits within 5 s");
+    assert!(status.success(), "{status}:\n{}", crius.log());
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let answered = in_flight.await.unwrap();
+    assert!(answered.is_ok(), "in-flight RPC: {answered:?}");
+    assert!(!crius.grpc_socket().exists(), "gRPC socket left behind");
+    assert!(!crius.ttrpc_socket().exists(), "ttrpc socket left behind");
+}
+
+#[tokio::test]
+async fn a_failing_critical_task_stops_crius_with_the_cause() {
+    let mut crius = Crius::spawn_with(|_| {}, &[("CRIUS_FAILPOINTS", "cni_conf_syncer=error")]);
+    let status = crius
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("crius exits");
+    assert!(!status.success());
+    let log = crius.log();
+    assert!(
+        log.contains("critical task CNI conf syncer failed: failpoint cni_conf_syncer triggered"),
+        "{log}"
+    );
+    assert!(!crius.grpc_socket().exists());
+}
+
+#[tokio::test]
+async fn a_second_crius_on_a_live_socket_refuses_to_start() {
+    let first = Crius::start().await;
+    let socket = first.config.grpc.address.clone();
+    let mut second = Crius::spawn_with(|c| c.grpc.address = socket.clone(), &[]);
+    let status = second
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("second crius exits");
+    assert!(!status.success());
+    assert!(
+        second.log().contains("already listening"),
+        "{}",
+        second.log()
+    );
+    // The first one still serves.
+    first
+        .client()
+        .await
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("first crius still serves");
+}
+
+#[tokio::test]
+async fn a_stale_socket_file_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    assert!(socket.exists());
+    let crius = Crius::start_with(|c| c.grpc.address = socket.clone(), &[]).await;
+    crius
+        .client()
+        .await
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("serves on the replaced socket");
+}
+
+#[tokio::test]
+async fn rpcs_not_built_answer_unimplemented() {
+    let crius = Crius::start().await;
+    let err = crius
+        .client()
+        .await
+        .runtime
+        .run_pod_sandbox(RunPodSandboxRequest::default())
+        .await
+        .expect_err("not built");
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(err.message().contains("RunPodSandbox"));
+}
+
+#[tokio::test]
+async fn update_runtime_config_writes_the_conflist_template() {
+    let template_dir = tempfile::tempdir().unwrap();
+    let template = template_dir.path().join("template.json");
+    std::fs::write(
+        &template,
+        r#"{"cniVersion":"1.0.0","name":"from-template","plugins":[{"type":"bridge","bridge":"tmpl0",
+"ipam":{"type":"host-local","ranges":[{{.PodCIDRRanges}}],"routes":[{{.Routes}}]}}]}"#,
+    )
+    .unwrap();
+    let template_path = template.display().to_string();
+    let crius = Crius::start_with(|c| c.cni.conf_template = template_path, &[]).await;
+    let mut client = crius.client().await;
+    assert!(!network_ready(&mut client).await);
+
+    let bad = client
+        .runtime
+        .update_runtime_config(UpdateRuntimeConfigRequest {
+            runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+                network_config: Some(NetworkConfig {
+                    pod_cidr: "not-a-cidr".into(),
+                }),
+            }),
+        })
+        .await
+        .expect_err("bad CIDR");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+    client
+        .runtime
+        .update_runtime_config(UpdateRuntimeConfigRequest {
+            runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+                network_config: Some(NetworkConfig {
+                    pod_cidr: "10.77.0.0/24".into(),
+                }),
+            }),
+        })
+        .await
+        .expect("update runtime config");
+    let written = std::fs::read_to_string(crius.conf_dir().join("10-crius-net.conflist"))
+        .expect("conflist written");
+    let value: serde_json::Value = serde_json::from_str(&written).expect("valid JSON");
+    assert_eq!(
+        value["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+        "10.77.0.0/24"
+    );
+    assert!(network_ready(&mut client).await);
+
+    let runtime_config = client
+        .runtime
+        .runtime_config(RuntimeConfigRequest {})
+        .await
+        .expect("runtime config")
+        .into_inner();
+    assert_eq!(
+        runtime_config.linux.unwrap().cgroup_driver,
+        k8s_cri::v1::CgroupDriver::Cgroupfs as i32
+    );
+}
+
+#[test]
+fn config_check_names_an_unknown_key_and_accepts_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[containerd]\nsnapshoter = \"overlayfs\"\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
+        .args(["config", "check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("snapshoter"), "{stderr}");
+
+    let default = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
+        .args(["config", "default"])
+        .output()
+        .unwrap();
+    assert!(default.status.success());
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, &default.stdout).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
+        .args(["config", "check", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
