@@ -161,7 +161,8 @@ down() {
   stop_pidfile "$CTRD_DIR/pid"
   stop_pidfile "$TB/registry/pid"
   # Snapshot and shm mounts below the test bed would keep its files busy.
-  grep -F " $TB/" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do
+  local m
+  for m in $(awk -v tb="$TB/" 'index($2, tb) == 1 {print $2}' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
   rm -rf "$CTRD_DIR"
