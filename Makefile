@@ -1,7 +1,7 @@
 # crius: `make run` serves the CRI in the foreground; `make test` runs every check and test
 # on a fresh machine (it installs packages, starts containerd and a registry, stops them).
 
-.PHONY: all build release run test testbed-up testbed-down clean
+.PHONY: all build release run test bench testbed-up testbed-down clean
 
 all: build
 
@@ -16,6 +16,10 @@ run: release
 
 test:
 	scripts/testbed.sh test
+
+# Benchmarks against the test bed (not run by `make test`).
+bench:
+	scripts/testbed.sh bench
 
 # For working on the tests: start the test bed once, then
 #   eval "$$(scripts/testbed.sh env)" && cargo test

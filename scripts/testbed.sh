@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# The integration test bed: Debian packages, the test images, a loopback registry and a
-# private containerd (own root, state and socket, its built-in CRI plugin disabled).
+# The integration test bed: Debian packages, the test images, two loopback registries (one
+# open, one behind htpasswd) and a private containerd (own root, state and socket, its
+# built-in CRI plugin disabled).
 #
 #   scripts/testbed.sh deps     install the packages the build and the tests need
-#   scripts/testbed.sh up       start the registry and containerd, build and push the images
+#   scripts/testbed.sh up       start the registries and containerd, build and push the images
 #   scripts/testbed.sh down     stop what `up` started and clean its mounts
 #   scripts/testbed.sh env      print the environment the integration tests read
 #   scripts/testbed.sh test     all of the above around fmt, clippy and every test
+#   scripts/testbed.sh bench    the benchmarks against the test bed
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TB=${CRIUS_TESTBED:-$ROOT/.testbed}
 REGISTRY_ADDR=${CRIUS_TEST_REGISTRY:-127.0.0.1:5010}
+AUTH_REGISTRY_ADDR=${CRIUS_TEST_AUTH_REGISTRY:-127.0.0.1:5011}
+AUTH_USER=crius
+AUTH_PASSWORD=s3cret
 CTRD_DIR=$TB/containerd
 CTRD_SOCK=$CTRD_DIR/containerd.sock
+LAYOUT=$TB/images/oci
 
 PACKAGES=(
   containerd runc containernetworking-plugins protobuf-compiler docker-registry skopeo
-  umoci busybox-static iproute2 iptables curl ca-certificates
+  umoci busybox-static iproute2 iptables curl ca-certificates apache2-utils python3
 )
 
 log() { printf '[testbed] %s\n' "$*" >&2; }
@@ -32,7 +38,6 @@ deps() {
     apt-get update
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
   fi
-  # The Debian packages may start their own services; the test bed runs its own copies.
   command -v cargo >/dev/null || { log "cargo is required"; exit 1; }
 }
 
@@ -47,9 +52,12 @@ wait_for() { # description, tries (0.1 s each), command...
   return 1
 }
 
+# $1: name (its directory under the test bed), $2: address, $3: extra config YAML.
 registry_up() {
-  mkdir -p "$TB/registry/data"
-  cat >"$TB/registry/config.yml" <<YAML
+  local name=$1 addr=$2 extra=${3:-}
+  local dir=$TB/$name
+  mkdir -p "$dir/data"
+  cat >"$dir/config.yml" <<YAML
 version: 0.1
 log:
   level: warn
@@ -57,16 +65,17 @@ log:
     disabled: false
 storage:
   filesystem:
-    rootdirectory: $TB/registry/data
+    rootdirectory: $dir/data
   delete:
     enabled: true
 http:
-  addr: $REGISTRY_ADDR
+  addr: $addr
+$extra
 YAML
-  docker-registry serve "$TB/registry/config.yml" >"$TB/registry/log" 2>&1 &
-  echo $! >"$TB/registry/pid"
-  wait_for "registry on $REGISTRY_ADDR" 100 curl -fsS "http://$REGISTRY_ADDR/v2/"
-  log "registry on $REGISTRY_ADDR"
+  docker-registry serve "$dir/config.yml" >"$dir/log" 2>&1 &
+  echo $! >"$dir/pid"
+  wait_for "$name on $addr" 100 curl -sS -o /dev/null "http://$addr/v2/"
+  log "$name on $addr"
 }
 
 containerd_up() {
@@ -96,10 +105,10 @@ TOML
 push_busybox_image() {
   local tag=$1
   shift
-  local layout=$TB/images/oci bundle=$TB/images/bundle-$tag
-  [ -d "$layout" ] || umoci init --layout "$layout"
-  umoci new --image "$layout:$tag"
-  umoci unpack --image "$layout:$tag" "$bundle" >/dev/null
+  local bundle=$TB/images/bundle-$tag
+  [ -d "$LAYOUT" ] || umoci init --layout "$LAYOUT"
+  umoci new --image "$LAYOUT:$tag"
+  umoci unpack --image "$LAYOUT:$tag" "$bundle" >/dev/null
   local rootfs=$bundle/rootfs
   mkdir -p "$rootfs"/{bin,etc,tmp,root,home/user,var/www}
   chmod 1777 "$rootfs/tmp"
@@ -120,11 +129,64 @@ user:x:1000:
 nogroup:x:65534:
 GROUP
   echo '<h1>crius test page</h1>' >"$rootfs/var/www/index.html"
-  umoci repack --image "$layout:$tag" "$bundle" >/dev/null
-  umoci config --image "$layout:$tag" --os linux --architecture amd64 \
+  umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  umoci config --image "$LAYOUT:$tag" --os linux --architecture amd64 \
     --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"
-  skopeo copy --quiet --dest-tls-verify=false "oci:$layout:$tag" "docker://$REGISTRY_ADDR/$tag"
+  skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/$tag"
   rm -rf "$bundle"
+}
+
+# An image index for linux/amd64 and linux/arm64 (the arm64 entry differs in its config).
+push_multiarch_image() {
+  umoci tag --image "$LAYOUT:busybox:latest" busybox-arm64
+  umoci config --image "$LAYOUT:busybox-arm64" --architecture arm64
+  python3 - "$LAYOUT" <<'PY'
+import hashlib, json, os, sys
+layout = sys.argv[1]
+with open(os.path.join(layout, "index.json")) as f:
+    top = json.load(f)
+def by_ref(name):
+    return next(m for m in top["manifests"]
+                if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == name)
+manifests = []
+for ref, arch in (("busybox:latest", "amd64"), ("busybox-arm64", "arm64")):
+    d = dict(by_ref(ref))
+    d.pop("annotations", None)
+    d["platform"] = {"architecture": arch, "os": "linux"}
+    manifests.append(d)
+index = json.dumps({"schemaVersion": 2,
+                    "mediaType": "application/vnd.oci.image.index.v1+json",
+                    "manifests": manifests}).encode()
+digest = hashlib.sha256(index).hexdigest()
+with open(os.path.join(layout, "blobs", "sha256", digest), "wb") as f:
+    f.write(index)
+top["manifests"].append({"mediaType": "application/vnd.oci.image.index.v1+json",
+                         "digest": "sha256:" + digest, "size": len(index),
+                         "annotations": {"org.opencontainers.image.ref.name": "multiarch"}})
+with open(os.path.join(layout, "index.json"), "w") as f:
+    json.dump(top, f)
+PY
+  skopeo copy --quiet --all --dest-tls-verify=false "oci:$LAYOUT:multiarch" \
+    "docker://$REGISTRY_ADDR/multiarch:latest"
+}
+
+# A 50 MB image of five layers of incompressible data, for the pull benchmark.
+push_big_image() {
+  local tag=big:latest bundle=$TB/images/bundle-big
+  [ -d "$LAYOUT" ] || umoci init --layout "$LAYOUT"
+  umoci new --image "$LAYOUT:$tag"
+  local i
+  for i in 1 2 3 4 5; do
+    rm -rf "$bundle"
+    umoci unpack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+    mkdir -p "$bundle/rootfs/data"
+    head -c 10M /dev/urandom >"$bundle/rootfs/data/layer$i"
+    umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  done
+  rm -rf "$bundle"
+  umoci config --image "$LAYOUT:$tag" --os linux --architecture amd64 --config.cmd /bin/true
+  skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/bench/big:latest"
+  log "pushed $REGISTRY_ADDR/bench/big:latest"
 }
 
 images_up() {
@@ -133,12 +195,20 @@ images_up() {
   push_busybox_image busybox:latest --config.cmd sh
   push_busybox_image busybox-user:1000 --config.cmd sh --config.user 1000
   push_busybox_image busybox-user:nobody --config.cmd sh --config.user nobody
-  log "test images pushed to $REGISTRY_ADDR"
+  push_multiarch_image
+  skopeo copy --quiet --dest-tls-verify=false --dest-creds "$AUTH_USER:$AUTH_PASSWORD" \
+    "oci:$LAYOUT:busybox:latest" "docker://$AUTH_REGISTRY_ADDR/private/busybox:latest"
+  log "test images pushed to $REGISTRY_ADDR and $AUTH_REGISTRY_ADDR"
 }
 
 up() {
-  mkdir -p "$TB"
-  registry_up
+  mkdir -p "$TB/auth-registry"
+  registry_up registry "$REGISTRY_ADDR"
+  htpasswd -Bbn "$AUTH_USER" "$AUTH_PASSWORD" >"$TB/auth-registry/htpasswd"
+  registry_up auth-registry "$AUTH_REGISTRY_ADDR" "auth:
+  htpasswd:
+    realm: crius-test
+    path: $TB/auth-registry/htpasswd"
   images_up
   containerd_up
 }
@@ -160,19 +230,26 @@ down() {
   pkill -9 -f "containerd-shim.*-address $CTRD_SOCK" 2>/dev/null || true
   stop_pidfile "$CTRD_DIR/pid"
   stop_pidfile "$TB/registry/pid"
+  stop_pidfile "$TB/auth-registry/pid"
   # Snapshot and shm mounts below the test bed would keep its files busy.
   local m
   for m in $(awk -v tb="$TB/" 'index($2, tb) == 1 {print $2}' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
-  rm -rf "$CTRD_DIR"
+  rm -rf "$CTRD_DIR" "$TB/registry" "$TB/auth-registry"
   log "stopped"
 }
 
 print_env() {
-  echo "export CRIUS_TEST_CONTAINERD_ADDRESS=$CTRD_SOCK"
-  echo "export CRIUS_TEST_CONTAINERD_ROOT=$CTRD_DIR/root"
-  echo "export CRIUS_TEST_REGISTRY=$REGISTRY_ADDR"
+  cat <<ENV
+export CRIUS_TEST_CONTAINERD_ADDRESS=$CTRD_SOCK
+export CRIUS_TEST_CONTAINERD_ROOT=$CTRD_DIR/root
+export CRIUS_TEST_REGISTRY=$REGISTRY_ADDR
+export CRIUS_TEST_REGISTRY_LOG=$TB/registry/log
+export CRIUS_TEST_AUTH_REGISTRY=$AUTH_REGISTRY_ADDR
+export CRIUS_TEST_AUTH_CREDENTIALS=$AUTH_USER:$AUTH_PASSWORD
+export CRIUS_TEST_IMAGES=$LAYOUT
+ENV
 }
 
 run_tests() {
@@ -188,11 +265,25 @@ run_tests() {
   cargo test --all-targets
 }
 
+run_benches() {
+  deps
+  cd "$ROOT"
+  cargo build --release
+  down
+  trap down EXIT
+  up
+  push_big_image
+  eval "$(print_env)"
+  cargo bench --bench pull
+}
+
 case "${1:-}" in
   deps) deps ;;
   up) up ;;
   down) down ;;
   env) print_env ;;
   test) run_tests ;;
-  *) echo "usage: $0 deps|up|down|env|test" >&2; exit 2 ;;
+  bench) run_benches ;;
+  big-image) push_big_image ;;
+  *) echo "usage: $0 deps|up|down|env|test|bench|big-image" >&2; exit 2 ;;
 esac

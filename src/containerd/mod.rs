@@ -5,6 +5,8 @@
 //! start-up; tonic reconnects by itself afterwards) and small helpers over the raw API; it
 //! knows nothing of CRI.
 
+pub mod content;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

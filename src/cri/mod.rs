@@ -6,6 +6,9 @@
 //! transports are the server layer's business.
 
 mod image_fs_info;
+mod image_pull;
+mod image_remove;
+mod image_status;
 mod not_built;
 mod runtime_config;
 mod status;

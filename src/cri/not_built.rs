@@ -44,10 +44,6 @@ not_built! {
     checkpoint_container, "CheckpointContainer", CheckpointContainerRequest, CheckpointContainerResponse;
     list_metric_descriptors, "ListMetricDescriptors", ListMetricDescriptorsRequest, ListMetricDescriptorsResponse;
     list_pod_sandbox_metrics, "ListPodSandboxMetrics", ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse;
-    list_images, "ListImages", ListImagesRequest, ListImagesResponse;
-    image_status, "ImageStatus", ImageStatusRequest, ImageStatusResponse;
-    pull_image, "PullImage", PullImageRequest, PullImageResponse;
-    remove_image, "RemoveImage", RemoveImageRequest, RemoveImageResponse;
 }
 
 impl CriService {

@@ -113,6 +113,15 @@ impl CriService {
     /// Recovers state and starts the critical tasks, then marks the service initialized.
     async fn start(&self, tasks: &mut JoinSet<TaskEnd>) -> Result<(), ServiceError> {
         crate::failpoint::hit("startup").await?;
+        crate::recovery::recover_images(&self.containerd, &self.images).await?;
+
+        let monitor =
+            crate::events::EventMonitor::new(self.containerd.clone(), self.images.clone());
+        let cancel = self.shutdown.clone();
+        tasks.spawn(async move {
+            let ended = monitor.run(cancel).await;
+            ("containerd event monitor", ended.map_err(|e| e.to_string()))
+        });
 
         let syncer = crate::cni::syncer::CniConfSyncer::new(self.cni.clone());
         let cancel = self.shutdown.clone();

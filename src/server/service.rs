@@ -12,6 +12,9 @@ use crate::cni::NetworkConfigs;
 use crate::config::Config;
 use crate::containerd::{Containerd, ContainerdError};
 use crate::fsusage::ImageFs;
+use crate::image::ImagePuller;
+use crate::image::reference::Reference;
+use crate::store::ImageStore;
 
 /// Errors that stop crius from starting or make it stop.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +34,8 @@ pub enum ServiceError {
     CriticalTask { task: &'static str, reason: String },
     #[error(transparent)]
     Failpoint(#[from] crate::failpoint::Triggered),
+    #[error("invalid config: {0}")]
+    Config(String),
 }
 
 /// The state behind the CRI handlers. Shared by cheap clones of [`CriService`].
@@ -39,6 +44,10 @@ pub struct ServiceState {
     pub containerd: Containerd,
     pub image_fs: ImageFs,
     pub cni: Arc<NetworkConfigs>,
+    pub images: Arc<ImageStore>,
+    pub puller: Arc<ImagePuller>,
+    /// Image names that RemoveImage of another name never takes away (the sandbox image).
+    pub pinned_images: std::collections::HashSet<String>,
     /// The pod CIDR kubelet last sent with UpdateRuntimeConfig.
     pub pod_cidr: std::sync::Mutex<String>,
     initialized: AtomicBool,
@@ -86,11 +95,28 @@ impl CriService {
             config.cni.max_conf_num,
         ));
 
+        let puller = ImagePuller::new(
+            containerd.clone(),
+            config.containerd.snapshotter.clone(),
+            config.registry.clone(),
+            config.image.max_concurrent_downloads,
+            config.image.pull_progress_timeout,
+        );
+        let mut pinned_images = std::collections::HashSet::new();
+        if !config.image.sandbox_image.is_empty() {
+            let reference = Reference::parse(&config.image.sandbox_image)
+                .map_err(|e| ServiceError::Config(format!("image.sandbox_image: {e}")))?;
+            pinned_images.insert(reference.to_string());
+        }
+
         Ok(Self(Arc::new(ServiceState {
             config,
             containerd,
             image_fs,
             cni,
+            images: Arc::new(ImageStore::new()),
+            puller,
+            pinned_images,
             pod_cidr: std::sync::Mutex::new(String::new()),
             initialized: AtomicBool::new(false),
             shutdown: CancellationToken::new(),

@@ -22,6 +22,12 @@ pub struct Testbed {
     pub containerd_address: PathBuf,
     pub containerd_root: PathBuf,
     pub registry: String,
+    pub registry_log: PathBuf,
+    pub auth_registry: String,
+    /// `user:password` for the auth registry.
+    pub auth_credentials: String,
+    /// The OCI layout the test images were built in.
+    pub images: PathBuf,
 }
 
 impl Testbed {
@@ -38,6 +44,10 @@ impl Testbed {
             containerd_address: var("CRIUS_TEST_CONTAINERD_ADDRESS").into(),
             containerd_root: var("CRIUS_TEST_CONTAINERD_ROOT").into(),
             registry: var("CRIUS_TEST_REGISTRY"),
+            registry_log: var("CRIUS_TEST_REGISTRY_LOG").into(),
+            auth_registry: var("CRIUS_TEST_AUTH_REGISTRY"),
+            auth_credentials: var("CRIUS_TEST_AUTH_CREDENTIALS"),
+            images: var("CRIUS_TEST_IMAGES").into(),
         }
     }
 }
@@ -119,6 +129,43 @@ impl Crius {
 
     pub async fn start() -> Self {
         Self::start_with(|_| {}, &[]).await
+    }
+
+    /// Stops crius (SIGTERM, expecting a clean exit) and starts it again with the same
+    /// config, directory and containerd namespace.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log_path)
+            .expect("open log");
+        let child = Command::new(env!("CARGO_BIN_EXE_crius"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn crius");
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(20)).await;
+    }
+
+    /// Runs `ctr` against the test containerd in this crius's namespace; returns stdout.
+    pub fn ctr(&self, args: &[&str]) -> String {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.config.containerd.address)
+            .arg("-n")
+            .arg(&self.config.containerd.namespace)
+            .args(args)
+            .output()
+            .expect("run ctr");
+        assert!(
+            out.status.success(),
+            "ctr {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     pub fn grpc_socket(&self) -> &Path {
@@ -213,6 +260,23 @@ impl Drop for Crius {
             let _ = child.wait();
         }
     }
+}
+
+/// Copies a test image from the OCI layout (`busybox:latest`, ...) to `destination`
+/// (`127.0.0.1:5010/repo:tag`) in a test bed registry.
+pub fn push_test_image(source_tag: &str, destination: &str) {
+    let testbed = Testbed::from_env();
+    let out = Command::new("skopeo")
+        .args(["copy", "--quiet", "--dest-tls-verify=false"])
+        .arg(format!("oci:{}:{source_tag}", testbed.images.display()))
+        .arg(format!("docker://{destination}"))
+        .output()
+        .expect("run skopeo");
+    assert!(
+        out.status.success(),
+        "skopeo copy to {destination} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.

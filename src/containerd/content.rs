@@ -1,0 +1,645 @@
+//! Content store, leases, images, snapshots and diff: the calls an image pull and the image
+//! store make, with the containerd conventions (lease header, GC labels) in one place.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use containerd_client::services::v1::snapshots::{
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+};
+use containerd_client::services::v1::{
+    AbortRequest, ApplyRequest, CreateImageRequest, DeleteContentRequest, DeleteImageRequest,
+    DeleteRequest, GetImageRequest, Image, InfoRequest, ListImagesRequest, ReadContentRequest,
+    UpdateImageRequest, UpdateRequest, WriteAction, WriteContentRequest,
+};
+use containerd_client::types::{Descriptor, Mount};
+use futures::{Stream, StreamExt};
+use sha2::{Digest as _, Sha256};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+use super::{Containerd, ContainerdError};
+
+/// The gRPC header that puts what a call creates under a lease.
+const LEASE_HEADER: &str = "containerd-lease";
+/// Size of each chunk sent to the content store.
+const WRITE_CHUNK: usize = 1024 * 1024;
+
+/// Wraps `msg` in a request that carries `lease` (when given).
+pub fn leased<T>(msg: T, lease: Option<&str>) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(lease) = lease
+        && let Ok(value) = lease.parse()
+    {
+        req.metadata_mut().insert(LEASE_HEADER, value);
+    }
+    req
+}
+
+impl ContainerdError {
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Self::Rpc { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(Code::NotFound)
+    }
+
+    pub fn is_already_exists(&self) -> bool {
+        self.code() == Some(Code::AlreadyExists)
+    }
+}
+
+/// Why writing a blob into the content store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Source(E),
+    #[error(transparent)]
+    Containerd(#[from] ContainerdError),
+    #[error(
+        "blob {expected}: content has digest {actual} and {size} bytes (expected {expected_size})"
+    )]
+    Mismatch {
+        expected: String,
+        actual: String,
+        size: i64,
+        expected_size: i64,
+    },
+}
+
+impl Containerd {
+    /// Creates a lease that expires by itself after `expire` (so a crash cannot pin content
+    /// forever).
+    pub async fn create_lease(&self, id: &str, expire: Duration) -> Result<(), ContainerdError> {
+        let expiry = humantime::format_rfc3339_seconds(SystemTime::now() + expire).to_string();
+        self.leases()
+            .create(containerd_client::services::v1::CreateRequest {
+                id: id.to_string(),
+                labels: HashMap::from([("containerd.io/gc.expire".to_string(), expiry)]),
+            })
+            .await
+            .map_err(ContainerdError::rpc("create lease"))?;
+        Ok(())
+    }
+
+    /// Deletes a lease; `sync` runs garbage collection before answering.
+    pub async fn delete_lease(&self, id: &str, sync: bool) -> Result<(), ContainerdError> {
+        match self
+            .leases()
+            .delete(DeleteRequest {
+                id: id.to_string(),
+                sync,
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::NotFound => Ok(()),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "delete lease",
+                status,
+            }),
+        }
+    }
+
+    /// The content store's record of `digest`, if it has the blob.
+    pub async fn content_info(
+        &self,
+        digest: &str,
+    ) -> Result<Option<containerd_client::services::v1::Info>, ContainerdError> {
+        match self
+            .content()
+            .info(InfoRequest {
+                digest: digest.to_string(),
+            })
+            .await
+        {
+            Ok(resp) => Ok(resp.into_inner().info),
+            Err(status) if status.code() == Code::NotFound => Ok(None),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "content info",
+                status,
+            }),
+        }
+    }
+
+    /// Reads a whole (small) blob: manifests and configs.
+    pub async fn read_content(&self, digest: &str) -> Result<Vec<u8>, ContainerdError> {
+        let mut stream = self
+            .content()
+            .read(ReadContentRequest {
+                digest: digest.to_string(),
+                offset: 0,
+                size: 0,
+            })
+            .await
+            .map_err(ContainerdError::rpc("read content"))?
+            .into_inner();
+        let mut data = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            data.extend(chunk.map_err(ContainerdError::rpc("read content"))?.data);
+        }
+        Ok(data)
+    }
+
+    /// Sets `labels` on a blob, keeping its other labels.
+    pub async fn set_content_labels(
+        &self,
+        digest: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<(), ContainerdError> {
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        self.content()
+            .update(UpdateRequest {
+                info: Some(containerd_client::services::v1::Info {
+                    digest: digest.to_string(),
+                    labels,
+                    ..Default::default()
+                }),
+                update_mask: Some(prost_types::FieldMask { paths }),
+            })
+            .await
+            .map_err(ContainerdError::rpc("update content labels"))?;
+        Ok(())
+    }
+
+    pub async fn delete_content(&self, digest: &str) -> Result<(), ContainerdError> {
+        match self
+            .content()
+            .delete(DeleteContentRequest {
+                digest: digest.to_string(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::NotFound => Ok(()),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "delete content",
+                status,
+            }),
+        }
+    }
+
+    /// Drops a half-written ingest.
+    pub async fn abort_ingest(&self, reference: &str) {
+        let _ = self
+            .content()
+            .abort(AbortRequest {
+                r#ref: reference.to_string(),
+            })
+            .await;
+    }
+
+    /// Opens an ingest for the blob `digest` of `size` bytes under `lease`. `None` when the
+    /// namespace already has the blob. A writer that is already complete (containerd shares
+    /// the blob from another namespace) only needs [`ContentWriter::commit`].
+    pub async fn open_writer(
+        &self,
+        lease: &str,
+        ingest_ref: &str,
+        digest: &str,
+        size: i64,
+    ) -> Result<Option<ContentWriter>, ContainerdError> {
+        let (tx, rx) = mpsc::channel::<WriteContentRequest>(4);
+        let stat = WriteContentRequest {
+            action: WriteAction::Stat as i32,
+            r#ref: ingest_ref.to_string(),
+            total: size,
+            expected: digest.to_string(),
+            ..Default::default()
+        };
+        // The channel is empty and has room: this cannot fail.
+        let _ = tx.try_send(stat);
+        let mut responses = match self
+            .content()
+            .write(leased(ReceiverStream::new(rx), Some(lease)))
+            .await
+        {
+            Ok(resp) => resp.into_inner(),
+            Err(status) if status.code() == Code::AlreadyExists => return Ok(None),
+            Err(status) => return Err(rpc_write(status)),
+        };
+        let offset = match responses.next().await {
+            Some(Ok(resp)) => resp.offset,
+            Some(Err(status)) if status.code() == Code::AlreadyExists => return Ok(None),
+            Some(Err(status)) => return Err(rpc_write(status)),
+            None => {
+                return Err(rpc_write(tonic::Status::aborted(
+                    "write stream closed at once",
+                )));
+            }
+        };
+        Ok(Some(ContentWriter {
+            containerd: self.clone(),
+            tx,
+            responses,
+            ingest_ref: ingest_ref.to_string(),
+            digest: digest.to_string(),
+            size,
+            offset,
+        }))
+    }
+
+    /// Writes a small blob held in memory (manifests, configs) with `labels`; a blob the
+    /// namespace already has only gets the labels.
+    pub async fn put_blob(
+        &self,
+        lease: &str,
+        digest: &str,
+        data: Bytes,
+        labels: HashMap<String, String>,
+    ) -> Result<(), WriteError<std::convert::Infallible>> {
+        let ingest = format!("crius-{digest}");
+        let size = data.len() as i64;
+        match self.open_writer(lease, &ingest, digest, size).await? {
+            None => Ok(self.set_content_labels(digest, labels).await?),
+            Some(writer) if writer.is_complete() => Ok(writer.commit(labels).await?),
+            Some(writer) => {
+                let chunks = futures::stream::iter([Ok(data)]);
+                writer.write_all(chunks, labels, |_| {}).await
+            }
+        }
+    }
+    pub async fn get_image(&self, name: &str) -> Result<Option<Image>, ContainerdError> {
+        match self
+            .images()
+            .get(GetImageRequest {
+                name: name.to_string(),
+            })
+            .await
+        {
+            Ok(resp) => Ok(resp.into_inner().image),
+            Err(status) if status.code() == Code::NotFound => Ok(None),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "get image",
+                status,
+            }),
+        }
+    }
+
+    pub async fn list_images(&self) -> Result<Vec<Image>, ContainerdError> {
+        Ok(self
+            .images()
+            .list(ListImagesRequest {
+                filters: Vec::new(),
+            })
+            .await
+            .map_err(ContainerdError::rpc("list images"))?
+            .into_inner()
+            .images)
+    }
+
+    /// Creates the image record `name`, or points an existing one at `target`.
+    pub async fn put_image(
+        &self,
+        name: &str,
+        target: Descriptor,
+        labels: HashMap<String, String>,
+    ) -> Result<(), ContainerdError> {
+        let image = Image {
+            name: name.to_string(),
+            labels,
+            target: Some(target),
+            ..Default::default()
+        };
+        match self
+            .images()
+            .create(CreateImageRequest {
+                image: Some(image.clone()),
+                source_date_epoch: None,
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::AlreadyExists => {
+                let mut paths = vec!["target".to_string()];
+                paths.extend(image.labels.keys().map(|k| format!("labels.{k}")));
+                self.images()
+                    .update(UpdateImageRequest {
+                        image: Some(image),
+                        update_mask: Some(prost_types::FieldMask { paths }),
+                        source_date_epoch: None,
+                    })
+                    .await
+                    .map_err(ContainerdError::rpc("update image"))?;
+                Ok(())
+            }
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "create image",
+                status,
+            }),
+        }
+    }
+
+    /// Deletes the image record `name`; `sync` runs garbage collection before answering.
+    pub async fn delete_image(&self, name: &str, sync: bool) -> Result<(), ContainerdError> {
+        match self
+            .images()
+            .delete(DeleteImageRequest {
+                name: name.to_string(),
+                sync,
+                target: None,
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::NotFound => Ok(()),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "delete image",
+                status,
+            }),
+        }
+    }
+
+    pub async fn snapshot_exists(
+        &self,
+        snapshotter: &str,
+        key: &str,
+    ) -> Result<bool, ContainerdError> {
+        match self
+            .snapshots()
+            .stat(StatSnapshotRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+            })
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(status) if status.code() == Code::NotFound => Ok(false),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "stat snapshot",
+                status,
+            }),
+        }
+    }
+
+    /// Prepares an active snapshot `key` on `parent` and returns its mounts.
+    pub async fn prepare_snapshot(
+        &self,
+        snapshotter: &str,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+        lease: Option<&str>,
+    ) -> Result<Vec<Mount>, ContainerdError> {
+        let resp = self
+            .snapshots()
+            .prepare(leased(
+                PrepareSnapshotRequest {
+                    snapshotter: snapshotter.to_string(),
+                    key: key.to_string(),
+                    parent: parent.to_string(),
+                    labels,
+                },
+                lease,
+            ))
+            .await
+            .map_err(ContainerdError::rpc("prepare snapshot"))?;
+        Ok(resp.into_inner().mounts)
+    }
+
+    pub async fn commit_snapshot(
+        &self,
+        snapshotter: &str,
+        name: &str,
+        key: &str,
+        labels: HashMap<String, String>,
+        lease: Option<&str>,
+    ) -> Result<(), ContainerdError> {
+        self.snapshots()
+            .commit(leased(
+                CommitSnapshotRequest {
+                    snapshotter: snapshotter.to_string(),
+                    name: name.to_string(),
+                    key: key.to_string(),
+                    labels,
+                },
+                lease,
+            ))
+            .await
+            .map_err(ContainerdError::rpc("commit snapshot"))?;
+        Ok(())
+    }
+
+    pub async fn remove_snapshot(
+        &self,
+        snapshotter: &str,
+        key: &str,
+    ) -> Result<(), ContainerdError> {
+        match self
+            .snapshots()
+            .remove(RemoveSnapshotRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::NotFound => Ok(()),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "remove snapshot",
+                status,
+            }),
+        }
+    }
+
+    /// Applies the layer `diff` onto `mounts`; returns the uncompressed descriptor.
+    pub async fn apply_diff(
+        &self,
+        diff: Descriptor,
+        mounts: Vec<Mount>,
+        lease: Option<&str>,
+    ) -> Result<Descriptor, ContainerdError> {
+        let resp = self
+            .diff()
+            .apply(leased(
+                ApplyRequest {
+                    diff: Some(diff),
+                    mounts,
+                    payloads: HashMap::new(),
+                    sync_fs: false,
+                },
+                lease,
+            ))
+            .await
+            .map_err(ContainerdError::rpc("apply layer"))?;
+        resp.into_inner().applied.ok_or(ContainerdError::Rpc {
+            op: "apply layer",
+            status: tonic::Status::internal("containerd returned no applied descriptor"),
+        })
+    }
+}
+
+/// An open ingest in the content store. Dropping it without committing leaves the ingest
+/// to [`Containerd::abort_ingest`] (done on every failure path here).
+pub struct ContentWriter {
+    containerd: Containerd,
+    tx: mpsc::Sender<WriteContentRequest>,
+    responses: tonic::Streaming<containerd_client::services::v1::WriteContentResponse>,
+    ingest_ref: String,
+    digest: String,
+    size: i64,
+    /// How much containerd already has.
+    offset: i64,
+}
+
+impl ContentWriter {
+    /// Whether containerd already holds all of the blob (shared from another namespace).
+    pub fn is_complete(&self) -> bool {
+        self.size > 0 && self.offset == self.size
+    }
+
+    /// Commits without writing: for a complete writer.
+    pub async fn commit(mut self, labels: HashMap<String, String>) -> Result<(), ContainerdError> {
+        let commit = self.commit_request(labels);
+        let _ = self.tx.send(commit).await;
+        drop(self.tx);
+        while let Some(resp) = self.responses.next().await {
+            match resp {
+                Ok(_) => {}
+                Err(status) if status.code() == Code::AlreadyExists => return Ok(()),
+                Err(status) => {
+                    self.containerd.abort_ingest(&self.ingest_ref).await;
+                    return Err(rpc_write(status));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn commit_request(&self, labels: HashMap<String, String>) -> WriteContentRequest {
+        WriteContentRequest {
+            action: WriteAction::Commit as i32,
+            total: self.size,
+            expected: self.digest.clone(),
+            offset: self.size,
+            labels,
+            ..Default::default()
+        }
+    }
+
+    /// Streams the blob from its start, checking its digest and size, and commits it with
+    /// `labels`. `progress` is called with each chunk's length.
+    pub async fn write_all<S, E>(
+        self,
+        mut data: S,
+        labels: HashMap<String, String>,
+        progress: impl Fn(usize),
+    ) -> Result<(), WriteError<E>>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::error::Error + 'static,
+    {
+        let Self {
+            containerd,
+            tx,
+            responses,
+            ingest_ref,
+            digest,
+            size,
+            ..
+        } = self;
+        // Every request gets a response; drain them concurrently and keep the first error.
+        let drain = tokio::spawn(async move {
+            let mut responses = responses;
+            while let Some(resp) = responses.next().await {
+                resp?;
+            }
+            Ok::<(), tonic::Status>(())
+        });
+
+        let mut hasher = Sha256::new();
+        let mut offset: i64 = 0;
+        let mut buffer: Vec<u8> = Vec::with_capacity(WRITE_CHUNK);
+        let mut source_error = None;
+        loop {
+            let chunk = match data.next().await {
+                Some(Ok(chunk)) => Some(chunk),
+                Some(Err(e)) => {
+                    source_error = Some(e);
+                    break;
+                }
+                None => None,
+            };
+            let last = chunk.is_none();
+            if let Some(chunk) = chunk {
+                hasher.update(&chunk);
+                progress(chunk.len());
+                buffer.extend_from_slice(&chunk);
+            }
+            if buffer.len() >= WRITE_CHUNK || (last && !buffer.is_empty()) {
+                let payload = std::mem::replace(&mut buffer, Vec::with_capacity(WRITE_CHUNK));
+                let len = payload.len() as i64;
+                // Offset 0 on the first write restarts any earlier partial ingest.
+                let req = WriteContentRequest {
+                    action: WriteAction::Write as i32,
+                    offset,
+                    data: payload,
+                    ..Default::default()
+                };
+                if tx.send(req).await.is_err() {
+                    break;
+                }
+                offset += len;
+            }
+            if last {
+                break;
+            }
+        }
+
+        let actual = format!("sha256:{:x}", hasher.finalize());
+        let outcome = if let Some(e) = source_error {
+            Err(WriteError::Source(e))
+        } else if actual != digest || offset != size {
+            Err(WriteError::Mismatch {
+                expected: digest.clone(),
+                actual,
+                size: offset,
+                expected_size: size,
+            })
+        } else {
+            let _ = tx
+                .send(WriteContentRequest {
+                    action: WriteAction::Commit as i32,
+                    total: size,
+                    expected: digest.clone(),
+                    offset,
+                    labels,
+                    ..Default::default()
+                })
+                .await;
+            Ok(())
+        };
+        drop(tx);
+        let drained = drain
+            .await
+            .unwrap_or_else(|e| Err(tonic::Status::internal(e.to_string())));
+        match (outcome, drained) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Ok(()), Err(status)) if status.code() == Code::AlreadyExists => Ok(()),
+            (Ok(()), Err(status)) => {
+                containerd.abort_ingest(&ingest_ref).await;
+                Err(rpc_write(status).into())
+            }
+            (Err(e), _) => {
+                containerd.abort_ingest(&ingest_ref).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn rpc_write(status: tonic::Status) -> ContainerdError {
+    ContainerdError::Rpc {
+        op: "write content",
+        status,
+    }
+}

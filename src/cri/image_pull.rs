@@ -1,0 +1,80 @@
+//! `PullImage`.
+
+use k8s_cri::v1::{AuthConfig, PullImageRequest, PullImageResponse};
+use tonic::Status;
+
+use crate::image::auth::Credentials;
+use crate::image::reference::{DEFAULT_DOMAIN, Reference};
+use crate::server::CriService;
+
+impl CriService {
+    pub async fn pull_image(&self, req: PullImageRequest) -> Result<PullImageResponse, Status> {
+        let text = req.image.map(|spec| spec.image).unwrap_or_default();
+        if text.is_empty() {
+            return Err(Status::invalid_argument("image to pull is required"));
+        }
+        let reference =
+            Reference::parse(&text).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let credentials = match req.auth {
+            Some(auth) => request_credentials(&auth, &reference)?,
+            None => None,
+        };
+        let image = self
+            .puller
+            .pull(&reference, credentials)
+            .await
+            .map_err(|failure| Status::new(failure.code, failure.message))?;
+        let id = image.id.clone();
+        self.images.add(image);
+        Ok(PullImageResponse { image_ref: id })
+    }
+}
+
+/// The request's credentials, unless they name another registry than the image's.
+fn request_credentials(
+    auth: &AuthConfig,
+    reference: &Reference,
+) -> Result<Option<Credentials>, Status> {
+    if !auth.server_address.is_empty() && !same_registry(&auth.server_address, &reference.domain) {
+        tracing::debug!(server = %auth.server_address, image = %reference, "ignoring credentials for another registry");
+        return Ok(None);
+    }
+    let creds = Credentials::from_parts(
+        &auth.username,
+        &auth.password,
+        &auth.auth,
+        &auth.identity_token,
+        &auth.registry_token,
+    )
+    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((!creds.is_empty()).then_some(creds))
+}
+
+/// Whether a credential's server address (`https://host/v1/`, `host`) is the registry.
+fn same_registry(server_address: &str, registry: &str) -> bool {
+    let host = server_address
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .unwrap_or(server_address);
+    let host = host.split('/').next().unwrap_or(host);
+    let hub = |h: &str| {
+        matches!(
+            h,
+            DEFAULT_DOMAIN | "index.docker.io" | "registry-1.docker.io"
+        )
+    };
+    host == registry || (hub(host) && hub(registry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_address_must_name_the_registry() {
+        assert!(same_registry("https://index.docker.io/v1/", "docker.io"));
+        assert!(same_registry("127.0.0.1:5010", "127.0.0.1:5010"));
+        assert!(same_registry("http://127.0.0.1:5010/", "127.0.0.1:5010"));
+        assert!(!same_registry("quay.io", "docker.io"));
+    }
+}

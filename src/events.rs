@@ -1,0 +1,131 @@
+//! The containerd event monitor: keeps crius's stores in step with what happens in
+//! containerd. Today it follows image events (records created, updated or deleted by crius,
+//! `ctr` or anyone else). It resubscribes with backoff when the stream breaks and then
+//! re-syncs, so changes made while it was disconnected are not lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use containerd_client::services::v1::{ImageCreate, ImageDelete, ImageUpdate, SubscribeRequest};
+use containerd_client::types::Envelope;
+
+use futures::StreamExt;
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+
+use crate::containerd::Containerd;
+use crate::image::load::sync_record;
+use crate::store::ImageStore;
+
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Follows containerd's events for crius's namespace.
+pub struct EventMonitor {
+    containerd: Containerd,
+    images: Arc<ImageStore>,
+}
+
+impl EventMonitor {
+    pub fn new(containerd: Containerd, images: Arc<ImageStore>) -> Self {
+        Self { containerd, images }
+    }
+
+    /// Runs until `cancel` fires.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), crate::failpoint::Triggered> {
+        crate::failpoint::hit("event_monitor").await?;
+        let mut backoff = Duration::from_millis(100);
+        let mut first = true;
+        loop {
+            let filter = format!(
+                "namespace==\"{}\",topic~=\"^/images/\"",
+                self.containerd.namespace()
+            );
+            let mut client = self.containerd.events();
+            let subscribed = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                s = client.subscribe(SubscribeRequest { filters: vec![filter] }) => s,
+            };
+            let mut stream = match subscribed {
+                Ok(resp) => resp.into_inner(),
+                Err(status) => {
+                    tracing::warn!(error = %status, retry_in = ?backoff, "cannot subscribe to containerd events");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            if !first {
+                tracing::info!("resubscribed to containerd events; re-syncing images");
+                self.resync_images().await;
+            }
+            first = false;
+            loop {
+                let next = tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    next = stream.next() => next,
+                };
+                match next {
+                    Some(Ok(envelope)) => self.handle(envelope).await,
+                    Some(Err(status)) => {
+                        tracing::warn!(error = %status, "containerd event stream broke");
+                        break;
+                    }
+                    None => {
+                        tracing::warn!("containerd event stream ended");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle(&self, envelope: Envelope) {
+        let Some(event) = envelope.event else { return };
+        let name = match envelope.topic.as_str() {
+            "/images/create" => ImageCreate::decode(event.value.as_slice()).map(|e| e.name),
+            "/images/update" => ImageUpdate::decode(event.value.as_slice()).map(|e| e.name),
+            "/images/delete" => ImageDelete::decode(event.value.as_slice()).map(|e| e.name),
+            _ => return,
+        };
+        let name = match name {
+            Ok(name) => name,
+            Err(e) => {
+                tracing::warn!(topic = %envelope.topic, error = %e, "undecodable containerd event");
+                return;
+            }
+        };
+        tracing::debug!(topic = %envelope.topic, image = %name, "image event");
+        if let Err(e) = sync_record(&self.containerd, &self.images, &name).await {
+            tracing::warn!(image = %name, error = %e, "cannot follow image change");
+        }
+    }
+
+    /// Brings the image store in line with containerd after a gap in the event stream.
+    async fn resync_images(&self) {
+        let records = match self.containerd.list_images().await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list images to re-sync");
+                return;
+            }
+        };
+        let present: std::collections::HashSet<String> =
+            records.iter().map(|r| r.name.clone()).collect();
+        for image in self.images.list() {
+            for name in &image.references {
+                if !present.contains(name) {
+                    self.images.remove_reference(name);
+                }
+            }
+        }
+        for name in present {
+            if let Err(e) = sync_record(&self.containerd, &self.images, &name).await {
+                tracing::warn!(image = %name, error = %e, "cannot re-sync image");
+            }
+        }
+    }
+}

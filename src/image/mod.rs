@@ -1,0 +1,15 @@
+//! Images: references, registry hosts and credentials, the registry client, and pulls into
+//! containerd's content store and snapshotter.
+//!
+//! Nothing here speaks CRI; `src/cri/image_*.rs` turn requests into calls on
+//! [`ImagePuller`] and the [`crate::store::ImageStore`].
+
+pub mod auth;
+pub mod hosts;
+pub mod load;
+pub mod manifest;
+mod pull;
+pub mod reference;
+pub mod registry;
+
+pub use pull::{ImagePuller, MANAGED_LABEL, PullFailure};

@@ -1,0 +1,788 @@
+//! Pulling an image into containerd, as containerd's own pull does it: resolve, fetch the
+//! index, manifest and config, stream the layers into the content store under a lease,
+//! unpack them into the snapshotter by chain ID, label everything for containerd's garbage
+//! collector and create the image records CRI clients and `ctr` expect.
+//!
+//! Layers download concurrently (bounded) and unpack in order as soon as each is in, so
+//! downloading and unpacking overlap. Concurrent pulls of the same reference share one pull.
+//! A pull that makes no progress for the configured time is cancelled. On failure the lease
+//! is deleted with a synchronous garbage collection, so nothing the failed pull wrote stays.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use containerd_client::types::Descriptor as ContainerdDescriptor;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::Semaphore;
+use tokio_util::task::AbortOnDropHandle;
+use tonic::Code;
+
+use super::auth::{Credentials, CredentialsError};
+use super::hosts::{self, HostsError};
+use super::load::ImageDocuments;
+use super::manifest::{
+    Descriptor, ImageConfigFile, Index, Manifest, Platform, chain_ids, is_index, is_manifest,
+    sha256_digest,
+};
+use super::reference::Reference;
+use super::registry::{HttpClients, RegistryError, Session};
+use crate::config::RegistryConfig;
+use crate::containerd::content::WriteError;
+use crate::containerd::{Containerd, ContainerdError};
+use crate::store::Image;
+
+/// The label that marks images crius manages, as containerd's CRI does.
+pub const MANAGED_LABEL: &str = "io.cri-containerd.image";
+/// A pull's lease expires by itself after this, should crius die mid-pull.
+const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
+/// How often a running pull logs its progress.
+const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Why a pull failed, with the gRPC code it maps to. Cloneable: shared by joined pulls.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct PullFailure {
+    pub code: Code,
+    pub message: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum PullError {
+    #[error(transparent)]
+    Hosts(#[from] HostsError),
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Containerd(#[from] ContainerdError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Corrupt(String),
+    #[error("no progress for {0:?}; cancelled")]
+    Stalled(Duration),
+    #[error(transparent)]
+    Failpoint(#[from] crate::failpoint::Triggered),
+}
+
+impl PullError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Hosts(_) | Self::Credentials(_) => Code::FailedPrecondition,
+            Self::Registry(e) => match e.kind() {
+                RegistryError::NotFound { .. } => Code::NotFound,
+                RegistryError::Unauthorized { .. } => Code::Unauthenticated,
+                RegistryError::Unreachable { .. } => Code::Unavailable,
+                RegistryError::DigestMismatch { .. } => Code::DataLoss,
+                RegistryError::Invalid(_) => Code::FailedPrecondition,
+                _ => Code::Unknown,
+            },
+            Self::Containerd(e) => match e.code() {
+                Some(Code::Unavailable) => Code::Unavailable,
+                _ => Code::Internal,
+            },
+            Self::Unsupported(_) => Code::InvalidArgument,
+            Self::NotFound(_) => Code::NotFound,
+            Self::Corrupt(_) => Code::DataLoss,
+            Self::Stalled(_) => Code::DeadlineExceeded,
+            Self::Failpoint(_) => Code::Internal,
+        }
+    }
+}
+
+impl<E: std::error::Error + Into<PullError> + 'static> From<WriteError<E>> for PullError {
+    fn from(e: WriteError<E>) -> Self {
+        match e {
+            WriteError::Source(e) => e.into(),
+            WriteError::Containerd(e) => e.into(),
+            mismatch @ WriteError::Mismatch { .. } => PullError::Corrupt(mismatch.to_string()),
+        }
+    }
+}
+
+/// How far a pull has come; also what the stall watchdog watches.
+struct Progress {
+    started: Instant,
+    /// Milliseconds after `started` of the last progress.
+    last: AtomicU64,
+    bytes: AtomicU64,
+    bytes_total: AtomicU64,
+    layers: AtomicUsize,
+    layers_total: AtomicUsize,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            last: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            bytes_total: AtomicU64::new(0),
+            layers: AtomicUsize::new(0),
+            layers_total: AtomicUsize::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last.store(now, Ordering::Relaxed);
+    }
+
+    fn add_bytes(&self, n: usize) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.touch();
+    }
+
+    fn layer_done(&self) {
+        self.layers.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+    }
+
+    fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+
+    /// Resolves when there has been no progress for `timeout`; logs progress meanwhile.
+    async fn stalled(&self, reference: &str, timeout: Duration) {
+        let tick = PROGRESS_LOG_INTERVAL.min(timeout);
+        loop {
+            tokio::time::sleep(tick).await;
+            if self.idle() >= timeout {
+                return;
+            }
+            tracing::info!(
+                image = reference,
+                bytes = self.bytes.load(Ordering::Relaxed),
+                bytes_total = self.bytes_total.load(Ordering::Relaxed),
+                layers = self.layers.load(Ordering::Relaxed),
+                layers_total = self.layers_total.load(Ordering::Relaxed),
+                "pull in progress"
+            );
+        }
+    }
+}
+
+type SharedPull = Shared<BoxFuture<'static, Result<Image, PullFailure>>>;
+
+/// Pulls images; shared by all PullImage calls.
+pub struct ImagePuller {
+    containerd: Containerd,
+    snapshotter: String,
+    registry: RegistryConfig,
+    max_downloads: usize,
+    progress_timeout: Duration,
+    http: HttpClients,
+    in_flight: Mutex<HashMap<String, SharedPull>>,
+}
+
+impl ImagePuller {
+    pub fn new(
+        containerd: Containerd,
+        snapshotter: String,
+        registry: RegistryConfig,
+        max_downloads: usize,
+        progress_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            containerd,
+            snapshotter,
+            registry,
+            max_downloads: max_downloads.max(1),
+            progress_timeout,
+            http: HttpClients::default(),
+            in_flight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Pulls `reference`; a pull of the same reference with the same credentials that is
+    /// already running is joined instead of started again.
+    pub async fn pull(
+        self: &Arc<Self>,
+        reference: &Reference,
+        credentials: Option<Credentials>,
+    ) -> Result<Image, PullFailure> {
+        let key = pull_key(reference, credentials.as_ref());
+        let shared = {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            match in_flight.get(&key) {
+                Some(shared) => {
+                    tracing::debug!(image = %reference, "joining a pull in progress");
+                    shared.clone()
+                }
+                None => {
+                    let this = Arc::clone(self);
+                    let reference = reference.clone();
+                    let task_key = key.clone();
+                    // A task of its own: the pull finishes (or cleans up) even if every
+                    // caller goes away.
+                    let task = tokio::spawn(async move {
+                        let result = this.pull_uncached(&reference, credentials).await;
+                        this.in_flight
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&task_key);
+                        result
+                    });
+                    let shared = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(PullFailure {
+                                code: Code::Internal,
+                                message: format!("pull task failed: {e}"),
+                            })
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    in_flight.insert(key, shared.clone());
+                    shared
+                }
+            }
+        };
+        shared.await
+    }
+
+    async fn pull_uncached(
+        &self,
+        reference: &Reference,
+        credentials: Option<Credentials>,
+    ) -> Result<Image, PullFailure> {
+        let started = Instant::now();
+        let progress = Arc::new(Progress::new());
+        let name = reference.to_string();
+        let outcome = tokio::select! {
+            outcome = self.pull_with_lease(reference, credentials, &progress) => outcome,
+            _ = progress.stalled(&name, self.progress_timeout) => {
+                Err(PullError::Stalled(self.progress_timeout))
+            }
+        };
+        match outcome {
+            Ok(image) => {
+                tracing::info!(
+                    image = %reference,
+                    id = %image.id,
+                    size = image.size,
+                    bytes_fetched = progress.bytes.load(Ordering::Relaxed),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "image pulled"
+                );
+                Ok(image)
+            }
+            Err(e) => Err(PullFailure {
+                code: e.code(),
+                message: format!("failed to pull image \"{reference}\": {e}"),
+            }),
+        }
+    }
+
+    /// Resolves and fetches the documents, then writes everything under a lease that is
+    /// released when done (collected at once on failure).
+    async fn pull_with_lease(
+        &self,
+        reference: &Reference,
+        credentials: Option<Credentials>,
+        progress: &Arc<Progress>,
+    ) -> Result<Image, PullError> {
+        let endpoints = hosts::endpoints(&self.registry.config_path, &reference.domain)?;
+        let mut config_credentials = HashMap::new();
+        for (host, settings) in &self.registry.configs {
+            if let Some(auth) = &settings.auth {
+                config_credentials.insert(host.clone(), Credentials::from_config(auth)?);
+            }
+        }
+        let session = Session::new(
+            &self.http,
+            reference.clone(),
+            endpoints,
+            config_credentials,
+            credentials,
+        )?;
+        let docs = fetch_documents(&session, progress).await?;
+        tracing::debug!(
+            elapsed_ms = progress.started.elapsed().as_millis() as u64,
+            "documents fetched"
+        );
+
+        let lease = format!("crius-pull-{:016x}", rand::random::<u64>());
+        self.containerd.create_lease(&lease, LEASE_EXPIRY).await?;
+        let written = self
+            .write_image(&session, reference, &docs, &lease, progress)
+            .await;
+        let collect = written.is_err();
+        if let Err(e) = self.containerd.delete_lease(&lease, collect).await {
+            tracing::warn!(%lease, error = %e, "failed to delete pull lease; it expires by itself");
+        }
+        written
+    }
+
+    async fn write_image(
+        &self,
+        session: &Arc<Session>,
+        reference: &Reference,
+        docs: &Documents,
+        lease: &str,
+        progress: &Arc<Progress>,
+    ) -> Result<Image, PullError> {
+        let chain = chain_ids(&docs.config.rootfs.diff_ids);
+        self.fetch_and_unpack_layers(session, docs, &chain, lease, progress)
+            .await?;
+        crate::failpoint::hit("pull_after_unpack").await?;
+
+        let snapshot_label = format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter);
+        let top_chain = chain.last().cloned().unwrap_or_default();
+        let config_labels = HashMap::from([(snapshot_label, top_chain)]);
+        self.put_document(
+            lease,
+            &docs.manifest.config,
+            &docs.config_bytes,
+            config_labels,
+        )
+        .await?;
+        self.put_document(
+            lease,
+            &docs.manifest_desc,
+            &docs.manifest_bytes,
+            manifest_gc_labels(&docs.manifest),
+        )
+        .await?;
+        if let Some((index_desc, index_bytes, index)) = &docs.index {
+            self.put_document(lease, index_desc, index_bytes, index_gc_labels(index))
+                .await?;
+        }
+
+        let image_id = docs.manifest.config.digest.clone();
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        if let Some(tagged) = reference.tagged() {
+            names.insert(tagged);
+        }
+        names.insert(reference.with_digest(&docs.top.digest));
+        names.insert(image_id.clone());
+        let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
+        for name in &names {
+            self.containerd
+                .put_image(name, to_containerd(&docs.top), labels.clone())
+                .await?;
+        }
+        Ok(ImageDocuments {
+            target_size: docs.top.size,
+            manifest_size: docs.index.as_ref().map(|_| docs.manifest_desc.size),
+            manifest: &docs.manifest,
+            config: docs.config.clone(),
+        }
+        .into_image(names))
+    }
+
+    /// Downloads the layers concurrently and unpacks each, in order, once it is in.
+    async fn fetch_and_unpack_layers(
+        &self,
+        session: &Arc<Session>,
+        docs: &Documents,
+        chain: &[String],
+        lease: &str,
+        progress: &Arc<Progress>,
+    ) -> Result<(), PullError> {
+        let layers = &docs.manifest.layers;
+        progress.layers_total.store(layers.len(), Ordering::Relaxed);
+        progress.bytes_total.store(
+            layers.iter().map(|l| l.size.max(0) as u64).sum(),
+            Ordering::Relaxed,
+        );
+        let semaphore = Arc::new(Semaphore::new(self.max_downloads));
+        let downloads: Vec<AbortOnDropHandle<Result<(), PullError>>> = layers
+            .iter()
+            .zip(&docs.config.rootfs.diff_ids)
+            .map(|(layer, diff_id)| {
+                let download = LayerDownload {
+                    containerd: self.containerd.clone(),
+                    session: Arc::clone(session),
+                    endpoint: docs.endpoint,
+                    lease: lease.to_string(),
+                    layer: layer.clone(),
+                    diff_id: diff_id.clone(),
+                    progress: Arc::clone(progress),
+                };
+                let semaphore = Arc::clone(&semaphore);
+                AbortOnDropHandle::new(tokio::spawn(async move {
+                    let _permit = semaphore.acquire_owned().await.map_err(|_| {
+                        PullError::Unsupported("download limiter closed".to_string())
+                    })?;
+                    download.run().await
+                }))
+            })
+            .collect();
+
+        let mut parent = String::new();
+        for (i, download) in downloads.into_iter().enumerate() {
+            download
+                .await
+                .map_err(|e| PullError::Unsupported(format!("layer download task: {e}")))??;
+            tracing::debug!(
+                layer = i,
+                elapsed_ms = progress.started.elapsed().as_millis() as u64,
+                "layer downloaded"
+            );
+            unpack_layer(
+                &self.containerd,
+                &self.snapshotter,
+                lease,
+                &layers[i],
+                &docs.config.rootfs.diff_ids[i],
+                &chain[i],
+                &parent,
+            )
+            .await?;
+            progress.layer_done();
+            tracing::debug!(
+                layer = i,
+                elapsed_ms = progress.started.elapsed().as_millis() as u64,
+                "layer unpacked"
+            );
+            parent = chain[i].clone();
+        }
+        Ok(())
+    }
+
+    /// Stores a small document (manifest, index, config) with its GC labels.
+    async fn put_document(
+        &self,
+        lease: &str,
+        desc: &Descriptor,
+        data: &Bytes,
+        labels: HashMap<String, String>,
+    ) -> Result<(), PullError> {
+        self.containerd
+            .put_blob(lease, &desc.digest, data.clone(), labels)
+            .await
+            .map_err(|e| match e {
+                WriteError::Containerd(e) => PullError::Containerd(e),
+                other => PullError::Corrupt(other.to_string()),
+            })
+    }
+}
+
+/// Everything fetched before anything is written.
+struct Documents {
+    /// What the reference resolved to (index or manifest).
+    top: Descriptor,
+    endpoint: usize,
+    index: Option<(Descriptor, Bytes, Index)>,
+    manifest_desc: Descriptor,
+    manifest_bytes: Bytes,
+    manifest: Manifest,
+    config_bytes: Bytes,
+    config: ImageConfigFile,
+}
+
+async fn fetch_documents(session: &Session, progress: &Progress) -> Result<Documents, PullError> {
+    let resolved = session.resolve().await?;
+    progress.touch();
+    let top = Descriptor {
+        media_type: resolved.media_type.clone(),
+        digest: resolved.digest.clone(),
+        size: resolved.data.len() as i64,
+        platform: None,
+        annotations: HashMap::new(),
+    };
+    let (index, manifest_desc, manifest_bytes) = if is_index(&resolved.media_type) {
+        let index: Index = serde_json::from_slice(&resolved.data)
+            .map_err(|e| PullError::Corrupt(format!("index {}: {e}", resolved.digest)))?;
+        let platform = Platform::host();
+        let chosen = index.select(&platform).cloned().ok_or_else(|| {
+            PullError::NotFound(format!(
+                "no image for platform {}/{} in index {}",
+                platform.os, platform.architecture, resolved.digest
+            ))
+        })?;
+        let (media_type, data) = session
+            .fetch_manifest(resolved.endpoint, &chosen.digest)
+            .await?;
+        let desc = Descriptor {
+            media_type: if media_type.is_empty() {
+                chosen.media_type.clone()
+            } else {
+                media_type
+            },
+            ..chosen
+        };
+        (
+            Some((top.clone(), resolved.data.clone(), index)),
+            desc,
+            data,
+        )
+    } else if is_manifest(&resolved.media_type) {
+        (None, top.clone(), resolved.data.clone())
+    } else {
+        return Err(PullError::Unsupported(format!(
+            "unsupported manifest media type {:?}",
+            resolved.media_type
+        )));
+    };
+    let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
+        .map_err(|e| PullError::Corrupt(format!("manifest {}: {e}", manifest_desc.digest)))?;
+    let config_bytes = fetch_small_blob(session, resolved.endpoint, &manifest.config).await?;
+    let config: ImageConfigFile = serde_json::from_slice(&config_bytes)
+        .map_err(|e| PullError::Corrupt(format!("config {}: {e}", manifest.config.digest)))?;
+    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+        return Err(PullError::Corrupt(format!(
+            "manifest {} has {} layers but its config lists {} diff IDs",
+            manifest_desc.digest,
+            manifest.layers.len(),
+            config.rootfs.diff_ids.len()
+        )));
+    }
+    progress.touch();
+    Ok(Documents {
+        top,
+        endpoint: resolved.endpoint,
+        index,
+        manifest_desc,
+        manifest_bytes,
+        manifest,
+        config_bytes,
+        config,
+    })
+}
+
+/// Fetches a config blob into memory, checking its digest.
+async fn fetch_small_blob(
+    session: &Session,
+    endpoint: usize,
+    desc: &Descriptor,
+) -> Result<Bytes, PullError> {
+    let chunks: Vec<Bytes> = session
+        .fetch_blob(endpoint, &desc.digest)
+        .await?
+        .try_collect()
+        .await?;
+    let data = Bytes::from(chunks.concat());
+    let actual = sha256_digest(&data);
+    if actual != desc.digest {
+        return Err(RegistryError::DigestMismatch {
+            what: "config",
+            digest: desc.digest.clone(),
+            actual,
+        }
+        .into());
+    }
+    Ok(data)
+}
+
+/// One layer's download into the content store.
+struct LayerDownload {
+    containerd: Containerd,
+    session: Arc<Session>,
+    endpoint: usize,
+    lease: String,
+    layer: Descriptor,
+    diff_id: String,
+    progress: Arc<Progress>,
+}
+
+impl LayerDownload {
+    async fn run(self) -> Result<(), PullError> {
+        let digest = &self.layer.digest;
+        let ingest = format!("crius-layer-{digest}");
+        let labels = HashMap::from([(
+            "containerd.io/uncompressed".to_string(),
+            self.diff_id.clone(),
+        )]);
+        loop {
+            let opened = self
+                .containerd
+                .open_writer(&self.lease, &ingest, digest, self.layer.size)
+                .await;
+            let writer = match opened {
+                Ok(None) => return Ok(()),
+                // Shared from another namespace: no transfer needed.
+                Ok(Some(writer)) if writer.is_complete() => {
+                    return Ok(writer.commit(labels).await?);
+                }
+                Ok(Some(writer)) => writer,
+                // Another pull is writing the same layer: wait for it, then look again.
+                Err(e) if is_locked(&e) => {
+                    tracing::debug!(%digest, "layer is being written by another pull; waiting");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let stream = self.session.fetch_blob(self.endpoint, digest).await;
+            let stream = match stream {
+                Ok(stream) => stream,
+                Err(e) => {
+                    self.containerd.abort_ingest(&ingest).await;
+                    return Err(e.into());
+                }
+            };
+            let progress = Arc::clone(&self.progress);
+            return writer
+                .write_all(stream.boxed(), labels, move |n| progress.add_bytes(n))
+                .await
+                .map_err(|e| match e {
+                    WriteError::Source(e) => PullError::Registry(e),
+                    WriteError::Containerd(e) => PullError::Containerd(e),
+                    mismatch => PullError::Corrupt(format!("layer {mismatch}")),
+                });
+        }
+    }
+}
+
+fn is_locked(e: &ContainerdError) -> bool {
+    matches!(e, ContainerdError::Rpc { status, .. }
+        if status.code() == Code::Unavailable && status.message().contains("locked"))
+}
+
+/// Applies one layer onto its parent snapshot and commits it under its chain ID.
+async fn unpack_layer(
+    containerd: &Containerd,
+    snapshotter: &str,
+    lease: &str,
+    layer: &Descriptor,
+    diff_id: &str,
+    chain_id: &str,
+    parent: &str,
+) -> Result<(), PullError> {
+    if containerd.snapshot_exists(snapshotter, chain_id).await? {
+        return Ok(());
+    }
+    let key = format!(
+        "extract-{}-{:08x} {chain_id}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+        rand::random::<u32>()
+    );
+    let labels = HashMap::from([(
+        "containerd.io/snapshot.ref".to_string(),
+        chain_id.to_string(),
+    )]);
+    let mounts = containerd
+        .prepare_snapshot(snapshotter, &key, parent, labels, Some(lease))
+        .await?;
+    let applied = containerd
+        .apply_diff(to_containerd(layer), mounts, Some(lease))
+        .await;
+    let applied = match applied {
+        Ok(applied) => applied,
+        Err(e) => {
+            let _ = containerd.remove_snapshot(snapshotter, &key).await;
+            return Err(e.into());
+        }
+    };
+    if applied.digest != diff_id {
+        let _ = containerd.remove_snapshot(snapshotter, &key).await;
+        return Err(PullError::Corrupt(format!(
+            "layer {} unpacked to {} but the config says {diff_id}",
+            layer.digest, applied.digest
+        )));
+    }
+    match containerd
+        .commit_snapshot(snapshotter, chain_id, &key, HashMap::new(), Some(lease))
+        .await
+    {
+        Ok(()) => Ok(()),
+        // Unpacked concurrently by another pull: theirs is as good as ours.
+        Err(e) if e.is_already_exists() => {
+            let _ = containerd.remove_snapshot(snapshotter, &key).await;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = containerd.remove_snapshot(snapshotter, &key).await;
+            Err(e.into())
+        }
+    }
+}
+
+fn to_containerd(desc: &Descriptor) -> ContainerdDescriptor {
+    ContainerdDescriptor {
+        media_type: desc.media_type.clone(),
+        digest: desc.digest.clone(),
+        size: desc.size,
+        annotations: desc.annotations.clone(),
+    }
+}
+
+/// containerd's GC references from a manifest to its config and layers.
+fn manifest_gc_labels(manifest: &Manifest) -> HashMap<String, String> {
+    let mut labels = HashMap::from([(
+        "containerd.io/gc.ref.content.config".to_string(),
+        manifest.config.digest.clone(),
+    )]);
+    for (i, layer) in manifest.layers.iter().enumerate() {
+        labels.insert(
+            format!("containerd.io/gc.ref.content.l.{i}"),
+            layer.digest.clone(),
+        );
+    }
+    labels
+}
+
+/// containerd's GC references from an index to its manifests.
+fn index_gc_labels(index: &Index) -> HashMap<String, String> {
+    index
+        .manifests
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            (
+                format!("containerd.io/gc.ref.content.m.{i}"),
+                m.digest.clone(),
+            )
+        })
+        .collect()
+}
+
+/// Joined pulls must also agree on credentials: a fingerprint, never the secrets.
+fn pull_key(reference: &Reference, credentials: Option<&Credentials>) -> String {
+    let fingerprint = credentials
+        .map(|c| {
+            sha256_digest(
+                format!(
+                    "{}\0{}\0{}\0{}",
+                    c.username, c.password, c.identity_token, c.registry_token
+                )
+                .as_bytes(),
+            )
+        })
+        .unwrap_or_default();
+    format!("{reference}|{fingerprint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gc_labels_reference_every_child() {
+        let manifest: Manifest = serde_json::from_str(
+            r#"{"config":{"digest":"sha256:c","size":1},
+                "layers":[{"digest":"sha256:l0","size":1},{"digest":"sha256:l1","size":1}]}"#,
+        )
+        .unwrap();
+        let labels = manifest_gc_labels(&manifest);
+        assert_eq!(labels["containerd.io/gc.ref.content.config"], "sha256:c");
+        assert_eq!(labels["containerd.io/gc.ref.content.l.1"], "sha256:l1");
+        assert_eq!(labels.len(), 3);
+    }
+
+    #[test]
+    fn pull_keys_differ_by_credentials_only_in_fingerprint() {
+        let r = Reference::parse("busybox").unwrap();
+        let creds = Credentials {
+            username: "u".into(),
+            password: "secret".into(),
+            ..Default::default()
+        };
+        let with = pull_key(&r, Some(&creds));
+        assert_ne!(with, pull_key(&r, None));
+        assert!(!with.contains("secret"));
+    }
+}

@@ -1,0 +1,254 @@
+//! The image store: every image in crius's containerd namespace, keyed by image ID (the
+//! config digest), with all the names (containerd image records) that point at it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::RwLock;
+
+use super::id_index::IdIndex;
+use crate::image::manifest::ImageConfigFile;
+use crate::image::reference::Reference;
+
+/// One image: its ID, the names that refer to it, and what CRI reports about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    /// `sha256:<config digest>`.
+    pub id: String,
+    /// containerd image record names: tags, digests and the ID itself.
+    pub references: BTreeSet<String>,
+    /// The chain ID of the top layer: the snapshot containers are made from.
+    pub chain_id: String,
+    /// Bytes of the image's documents and layers as stored (compressed).
+    pub size: u64,
+    pub config: ImageConfigFile,
+}
+
+impl Image {
+    /// References of the form `repo:tag`.
+    pub fn repo_tags(&self) -> Vec<String> {
+        self.references
+            .iter()
+            .filter(|r| !r.contains('@') && !r.starts_with("sha256:"))
+            .cloned()
+            .collect()
+    }
+
+    /// References of the form `repo@sha256:...`.
+    pub fn repo_digests(&self) -> Vec<String> {
+        self.references
+            .iter()
+            .filter(|r| r.contains('@'))
+            .cloned()
+            .collect()
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    images: HashMap<String, Image>,
+    by_reference: HashMap<String, String>,
+    /// Image IDs without the `sha256:` prefix.
+    ids: IdIndex,
+}
+
+/// All images, safe to share.
+#[derive(Default)]
+pub struct ImageStore {
+    inner: RwLock<Inner>,
+}
+
+fn hex_of(id: &str) -> &str {
+    id.strip_prefix("sha256:").unwrap_or(id)
+}
+
+impl ImageStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds an image or merges its references into the one with the same ID. A reference
+    /// that pointed at another image moves.
+    pub fn add(&self, image: Image) {
+        let mut inner = self.write();
+        for reference in &image.references {
+            if let Some(old) = inner.by_reference.get(reference).cloned()
+                && old != image.id
+            {
+                detach(&mut inner, reference, &old);
+            }
+            for key in lookup_keys(reference) {
+                inner.by_reference.insert(key, image.id.clone());
+            }
+        }
+        let id = image.id.clone();
+        match inner.images.get_mut(&id) {
+            Some(existing) => {
+                existing.references.extend(image.references);
+                existing.chain_id = image.chain_id;
+                existing.size = image.size;
+                existing.config = image.config;
+            }
+            None => {
+                inner.ids.insert(hex_of(&id));
+                inner.images.insert(id, image);
+            }
+        }
+    }
+
+    /// Forgets the name `reference`; an image left without names is removed.
+    pub fn remove_reference(&self, reference: &str) {
+        let mut inner = self.write();
+        if let Some(id) = inner.by_reference.get(reference).cloned() {
+            detach(&mut inner, reference, &id);
+        }
+    }
+
+    /// Finds an image by name, by normalised reference, by ID or by unique ID prefix.
+    pub fn resolve(&self, text: &str) -> Option<Image> {
+        let inner = self.read();
+        if let Some(id) = inner.by_reference.get(text) {
+            return inner.images.get(id).cloned();
+        }
+        if let Some(image) = inner.images.get(text) {
+            return Some(image.clone());
+        }
+        if let Ok(reference) = Reference::parse(text)
+            && let Some(id) = inner.by_reference.get(&reference.to_string())
+        {
+            return inner.images.get(id).cloned();
+        }
+        let hex = hex_of(text);
+        if hex.len() >= 3
+            && hex.bytes().all(|b| b.is_ascii_hexdigit())
+            && let Ok(Some(full)) = inner.ids.get(hex)
+        {
+            return inner.images.get(&format!("sha256:{full}")).cloned();
+        }
+        None
+    }
+
+    pub fn get(&self, id: &str) -> Option<Image> {
+        self.read().images.get(id).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Image> {
+        self.read().images.values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().images.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A name, and its normalised form when that differs (`ctr import` keeps names as given,
+/// such as `imported/app:v1`), so either finds the image.
+fn lookup_keys(reference: &str) -> Vec<String> {
+    let mut keys = vec![reference.to_string()];
+    if let Ok(normalised) = Reference::parse(reference).map(|r| r.to_string())
+        && normalised != reference
+    {
+        keys.push(normalised);
+    }
+    keys
+}
+
+fn detach(inner: &mut Inner, reference: &str, id: &str) {
+    for key in lookup_keys(reference) {
+        if inner
+            .by_reference
+            .get(&key)
+            .is_some_and(|owner| owner == id)
+        {
+            inner.by_reference.remove(&key);
+        }
+    }
+    let now_unnamed = match inner.images.get_mut(id) {
+        Some(image) => {
+            image.references.remove(reference);
+            image.references.is_empty()
+        }
+        None => false,
+    };
+    if now_unnamed {
+        inner.images.remove(id);
+        inner.ids.remove(hex_of(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(id: &str, refs: &[&str]) -> Image {
+        Image {
+            id: id.to_string(),
+            references: refs.iter().map(|r| r.to_string()).collect(),
+            chain_id: "sha256:chain".into(),
+            size: 10,
+            config: ImageConfigFile::default(),
+        }
+    }
+
+    const ID_A: &str = "sha256:aaaa1111";
+    const ID_B: &str = "sha256:bbbb2222";
+
+    #[test]
+    fn resolves_by_name_normalised_reference_id_and_prefix() {
+        let store = ImageStore::new();
+        store.add(image(
+            ID_A,
+            &[
+                "docker.io/library/busybox:latest",
+                "docker.io/library/busybox@sha256:0000",
+                ID_A,
+            ],
+        ));
+        assert_eq!(store.resolve("busybox").unwrap().id, ID_A);
+        assert_eq!(
+            store
+                .resolve("docker.io/library/busybox:latest")
+                .unwrap()
+                .id,
+            ID_A
+        );
+        assert_eq!(store.resolve(ID_A).unwrap().id, ID_A);
+        assert_eq!(store.resolve("aaaa").unwrap().id, ID_A);
+        assert_eq!(store.resolve("sha256:aaaa").unwrap().id, ID_A);
+        assert!(store.resolve("busybox:other").is_none());
+        // Names kept as given are found by their normalised form too.
+        store.add(image(ID_B, &["imported/app:v1"]));
+        assert_eq!(store.resolve("docker.io/imported/app:v1").unwrap().id, ID_B);
+        store.remove_reference("imported/app:v1");
+        assert!(store.resolve("docker.io/imported/app:v1").is_none());
+        let found = store.resolve("busybox").unwrap();
+        assert_eq!(found.repo_tags(), vec!["docker.io/library/busybox:latest"]);
+        assert_eq!(
+            found.repo_digests(),
+            vec!["docker.io/library/busybox@sha256:0000"]
+        );
+    }
+
+    #[test]
+    fn a_tag_moves_to_the_newer_image_and_empty_images_go() {
+        let store = ImageStore::new();
+        store.add(image(ID_A, &["docker.io/library/app:v1", ID_A]));
+        store.add(image(ID_B, &["docker.io/library/app:v1", ID_B]));
+        assert_eq!(store.resolve("app:v1").unwrap().id, ID_B);
+        assert_eq!(store.get(ID_A).unwrap().references.len(), 1);
+        store.remove_reference(ID_A);
+        assert!(store.get(ID_A).is_none());
+        assert!(store.resolve("aaaa").is_none());
+        assert_eq!(store.len(), 1);
+    }
+}

@@ -1,0 +1,567 @@
+//! The image service against the test bed's registries and containerd: pulls (tag, digest,
+//! bare name through hosts.toml, multi-arch, auth, failures, concurrency), list, status,
+//! remove, pinning, and surviving a restart.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{Crius, Testbed, eventually, push_test_image};
+use crius::client::CriClient;
+use crius::config::{RegistryAuth, RegistryHostConfig};
+use k8s_cri::v1::{
+    AuthConfig, ImageFilter, ImageSpec, ImageStatusRequest, ListImagesRequest, PullImageRequest,
+    RemoveImageRequest,
+};
+
+fn spec(image: &str) -> Option<ImageSpec> {
+    Some(ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    })
+}
+
+async fn pull(client: &mut CriClient, image: &str) -> Result<String, tonic::Status> {
+    pull_with(client, image, None).await
+}
+
+async fn pull_with(
+    client: &mut CriClient,
+    image: &str,
+    auth: Option<AuthConfig>,
+) -> Result<String, tonic::Status> {
+    client
+        .image
+        .pull_image(PullImageRequest {
+            image: spec(image),
+            auth,
+            sandbox_config: None,
+        })
+        .await
+        .map(|r| r.into_inner().image_ref)
+}
+
+async fn status(client: &mut CriClient, image: &str) -> Option<k8s_cri::v1::Image> {
+    client
+        .image
+        .image_status(ImageStatusRequest {
+            image: spec(image),
+            verbose: false,
+        })
+        .await
+        .expect("image status")
+        .into_inner()
+        .image
+}
+
+async fn remove(client: &mut CriClient, image: &str) {
+    client
+        .image
+        .remove_image(RemoveImageRequest { image: spec(image) })
+        .await
+        .expect("remove image");
+}
+
+async fn list(client: &mut CriClient) -> Vec<k8s_cri::v1::Image> {
+    let mut images = client
+        .image
+        .list_images(ListImagesRequest { filter: None })
+        .await
+        .expect("list images")
+        .into_inner()
+        .images;
+    images.sort_by(|a, b| a.id.cmp(&b.id));
+    images
+}
+
+/// The digests in `ctr content ls` of this namespace.
+fn content_digests(crius: &Crius) -> HashSet<String> {
+    crius
+        .ctr(&["content", "ls", "-q"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn pulls_by_tag_and_digest_into_containerd() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let tag = format!("{registry}/busybox:latest");
+
+    let id = pull(&mut client, &tag).await.expect("pull by tag");
+    assert!(id.starts_with("sha256:"), "{id}");
+    let image = status(&mut client, &tag).await.expect("image present");
+    assert_eq!(image.id, id);
+    assert_eq!(image.repo_tags, vec![tag.clone()]);
+    let digest_ref = image.repo_digests[0].clone();
+    assert!(digest_ref.starts_with(&format!("{registry}/busybox@sha256:")));
+    assert!(
+        image.size > 1_000_000,
+        "busybox is over 1 MB: {}",
+        image.size
+    );
+
+    // containerd sees the names, the managed label and the unpacked layers.
+    let names = crius.ctr(&["images", "ls", "-q"]);
+    for name in [&tag, &digest_ref, &id] {
+        assert!(names.lines().any(|l| l == name), "{name} not in:\n{names}");
+    }
+    let verbose = client
+        .image
+        .image_status(ImageStatusRequest {
+            image: spec(&tag),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&verbose.info["info"]).unwrap();
+    let chain_id = info["chainID"].as_str().unwrap().to_string();
+    let snapshots = crius.ctr(&["snapshots", "ls"]);
+    assert!(
+        snapshots.contains(&chain_id),
+        "{chain_id} not in:\n{snapshots}"
+    );
+    let labels = crius.ctr(&["images", "ls"]);
+    assert!(
+        labels.contains("io.cri-containerd.image=managed"),
+        "{labels}"
+    );
+
+    // By digest: the same image, no new names but the digest one.
+    assert_eq!(
+        pull(&mut client, &digest_ref)
+            .await
+            .expect("pull by digest"),
+        id
+    );
+    // The listing has it once, with its tag and digest.
+    let images = list(&mut client).await;
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0].repo_digests, vec![digest_ref.clone()]);
+    let filtered = client
+        .image
+        .list_images(ListImagesRequest {
+            filter: Some(ImageFilter { image: spec(&tag) }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    assert_eq!(filtered.len(), 1);
+    let none = client
+        .image
+        .list_images(ListImagesRequest {
+            filter: Some(ImageFilter {
+                image: spec("nosuch:image"),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    assert!(none.is_empty());
+}
+
+#[tokio::test]
+async fn bare_names_and_other_registries_go_through_hosts_toml() {
+    let registry = Testbed::from_env().registry;
+    // Docker Hub's `library/busybox` and registry.k8s.io's `busybox`, both served locally.
+    push_test_image(
+        "busybox:latest",
+        &format!("{registry}/library/busybox:latest"),
+    );
+    let certs = tempfile::tempdir().unwrap();
+    for (host, server) in [
+        ("docker.io", "https://registry-1.docker.io"),
+        ("registry.k8s.io", "https://registry.k8s.io"),
+    ] {
+        std::fs::create_dir_all(certs.path().join(host)).unwrap();
+        std::fs::write(
+            certs.path().join(host).join("hosts.toml"),
+            format!(
+                "server = \"{server}\"\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )
+        .unwrap();
+    }
+    let config_path = certs.path().display().to_string();
+    let crius = Crius::start_with(|c| c.registry.config_path = config_path, &[]).await;
+    let mut client = crius.client().await;
+
+    let id = pull(&mut client, "busybox").await.expect("pull bare name");
+    let image = status(&mut client, "busybox").await.expect("present");
+    assert_eq!(image.id, id);
+    assert_eq!(image.repo_tags, vec!["docker.io/library/busybox:latest"]);
+
+    let k8s = pull(&mut client, "registry.k8s.io/busybox:latest")
+        .await
+        .expect("pull through the registry.k8s.io mirror");
+    assert_eq!(k8s, id);
+}
+
+#[tokio::test]
+async fn a_multi_arch_index_pulls_the_host_platform() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let reference = format!("{registry}/multiarch:latest");
+    let id = pull(&mut client, &reference).await.expect("pull index");
+    let verbose = client
+        .image
+        .image_status(ImageStatusRequest {
+            image: spec(&reference),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&verbose.info["info"]).unwrap();
+    assert_eq!(info["imageSpec"]["architecture"], "amd64");
+    assert_eq!(verbose.image.unwrap().id, id);
+    // The amd64 entry is the plain busybox image.
+    let busybox = pull(&mut client, &format!("{registry}/busybox:latest"))
+        .await
+        .unwrap();
+    assert_eq!(busybox, id);
+    // The index itself is what the repo digest names.
+    let index_digest = crius
+        .ctr(&["images", "ls"])
+        .lines()
+        .find(|l| l.starts_with(&reference))
+        .map(|l| l.contains("application/vnd.oci.image.index.v1+json"))
+        .unwrap();
+    assert!(index_digest);
+}
+
+#[tokio::test]
+async fn htpasswd_registry_needs_the_right_credentials() {
+    let testbed = Testbed::from_env();
+    let reference = format!("{}/private/busybox:latest", testbed.auth_registry);
+    let (user, password) = testbed.auth_credentials.split_once(':').unwrap();
+
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let err = pull(&mut client, &reference)
+        .await
+        .expect_err("no credentials");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains(&reference), "{}", err.message());
+    assert!(
+        err.message().contains("authentication failed"),
+        "{}",
+        err.message()
+    );
+
+    let wrong = AuthConfig {
+        username: user.into(),
+        password: "wrong".into(),
+        ..Default::default()
+    };
+    let err = pull_with(&mut client, &reference, Some(wrong))
+        .await
+        .expect_err("wrong password");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+
+    let right = AuthConfig {
+        username: user.into(),
+        password: password.into(),
+        ..Default::default()
+    };
+    pull_with(&mut client, &reference, Some(right))
+        .await
+        .expect("request credentials");
+    remove(&mut client, &reference).await;
+    use base64::Engine as _;
+    let encoded = AuthConfig {
+        auth: base64::engine::general_purpose::STANDARD.encode(&testbed.auth_credentials),
+        ..Default::default()
+    };
+    pull_with(&mut client, &reference, Some(encoded))
+        .await
+        .expect("auth field");
+
+    // Credentials from crius's config.
+    let host = testbed.auth_registry.clone();
+    let (user, password) = (user.to_string(), password.to_string());
+    let configured = Crius::start_with(
+        |c| {
+            c.registry.configs.insert(
+                host,
+                RegistryHostConfig {
+                    auth: Some(RegistryAuth {
+                        username: user,
+                        password,
+                        ..Default::default()
+                    }),
+                },
+            );
+        },
+        &[],
+    )
+    .await;
+    let mut client = configured.client().await;
+    pull(&mut client, &reference)
+        .await
+        .expect("config credentials");
+}
+
+#[tokio::test]
+async fn failed_pulls_name_the_reference_and_cause_and_leave_nothing() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    pull(&mut client, &format!("{registry}/busybox:latest"))
+        .await
+        .expect("a good pull first");
+    let before = content_digests(&crius);
+
+    let missing_tag = format!("{registry}/busybox:nosuchtag");
+    let err = pull(&mut client, &missing_tag)
+        .await
+        .expect_err("missing tag");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(
+        err.message().contains(&missing_tag) && err.message().contains("not found"),
+        "{}",
+        err.message()
+    );
+
+    let missing_repo = format!("{registry}/no/such/repo:latest");
+    let err = pull(&mut client, &missing_repo)
+        .await
+        .expect_err("missing repo");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(err.message().contains(&missing_repo), "{}", err.message());
+
+    let unreachable = "127.0.0.1:9/busybox:latest";
+    let err = pull(&mut client, unreachable)
+        .await
+        .expect_err("unreachable");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(
+        err.message().contains(unreachable) && err.message().contains("unreachable"),
+        "{}",
+        err.message()
+    );
+
+    let err = pull(&mut client, "Not/A:Valid Reference")
+        .await
+        .expect_err("invalid");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("Not/A:Valid Reference"),
+        "{}",
+        err.message()
+    );
+
+    assert_eq!(content_digests(&crius), before);
+    assert_eq!(list(&mut client).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_pull_failing_after_unpacking_leaves_no_content_or_snapshots() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start_with(|_| {}, &[("CRIUS_FAILPOINTS", "pull_after_unpack=error")]).await;
+    let mut client = crius.client().await;
+    let err = pull(&mut client, &format!("{registry}/busybox:latest"))
+        .await
+        .expect_err("failpoint");
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+    assert!(content_digests(&crius).is_empty(), "content left behind");
+    assert_eq!(
+        crius.ctr(&["snapshots", "ls"]).lines().count(),
+        1,
+        "snapshots left behind"
+    );
+    assert_eq!(
+        crius.ctr(&["leases", "ls", "-q"]).trim(),
+        "",
+        "lease left behind"
+    );
+    assert!(list(&mut client).await.is_empty());
+}
+
+#[tokio::test]
+async fn ten_concurrent_pulls_share_one_download() {
+    let testbed = Testbed::from_env();
+    let repo = format!("concurrent-{}", std::process::id());
+    let reference = format!("{}/{repo}:latest", testbed.registry);
+    push_test_image("busybox:latest", &reference);
+    let crius = Crius::start().await;
+    let client = crius.client().await;
+
+    let pulls: Vec<_> = (0..10)
+        .map(|_| {
+            let mut client = client.clone();
+            let reference = reference.clone();
+            tokio::spawn(async move { pull(&mut client, &reference).await })
+        })
+        .collect();
+    let mut ids = HashSet::new();
+    for p in pulls {
+        ids.insert(p.await.unwrap().expect("every pull succeeds"));
+    }
+    assert_eq!(ids.len(), 1);
+
+    // One pull reached the registry: one manifest request, at most one layer download
+    // (none when containerd already has the blob from another namespace).
+    let log = std::fs::read_to_string(&testbed.registry_log).unwrap();
+    let crius_gets = |path: &str| {
+        log.lines()
+            .filter(|l| l.contains(&format!("GET /v2/{repo}/{path}")) && l.contains("crius/"))
+            .count()
+    };
+    assert_eq!(crius_gets("manifests/"), 1, "manifest requests");
+    assert!(
+        crius_gets("blobs/") <= 2,
+        "config and layer fetched more than once"
+    );
+}
+
+#[tokio::test]
+async fn image_status_reports_the_user_and_nothing_for_unknown_images() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let numeric = format!("{registry}/busybox-user:1000");
+    let named = format!("{registry}/busybox-user:nobody");
+    pull(&mut client, &numeric).await.unwrap();
+    pull(&mut client, &named).await.unwrap();
+
+    let image = status(&mut client, &numeric).await.unwrap();
+    assert_eq!(image.uid.map(|u| u.value), Some(1000));
+    assert_eq!(image.username, "");
+    let image = status(&mut client, &named).await.unwrap();
+    assert_eq!(image.uid, None);
+    assert_eq!(image.username, "nobody");
+    assert!(status(&mut client, "nosuch/image:latest").await.is_none());
+    // Found by an ID prefix too.
+    let prefix = &image.id["sha256:".len().."sha256:".len() + 12];
+    assert_eq!(status(&mut client, prefix).await.unwrap().id, image.id);
+}
+
+#[tokio::test]
+async fn remove_image_by_tag_digest_or_id_removes_every_name_and_the_content() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let tag = format!("{registry}/busybox:latest");
+    let empty = content_digests(&crius);
+
+    for how in ["tag", "digest", "id"] {
+        let id = pull(&mut client, &tag).await.unwrap();
+        let image = status(&mut client, &tag).await.unwrap();
+        let name = match how {
+            "tag" => tag.clone(),
+            "digest" => image.repo_digests[0].clone(),
+            _ => id.clone(),
+        };
+        remove(&mut client, &name).await;
+        assert!(
+            status(&mut client, &tag).await.is_none(),
+            "removed by {how}"
+        );
+        assert!(status(&mut client, &id).await.is_none(), "removed by {how}");
+        assert!(list(&mut client).await.is_empty(), "removed by {how}");
+        assert_eq!(
+            crius.ctr(&["images", "ls", "-q"]).trim(),
+            "",
+            "removed by {how}"
+        );
+        // A second remove succeeds.
+        remove(&mut client, &name).await;
+        // containerd collected the content.
+        assert_eq!(
+            content_digests(&crius),
+            empty,
+            "content left after removal by {how}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_sandbox_image_is_pinned() {
+    let registry = Testbed::from_env().registry;
+    let alias = format!("{registry}/pinned-alias-{}:v1", std::process::id());
+    push_test_image("busybox:latest", &alias);
+    let sandbox = format!("{registry}/busybox:latest");
+    let sandbox_image = sandbox.clone();
+    let crius = Crius::start_with(|c| c.image.sandbox_image = sandbox_image, &[]).await;
+    let mut client = crius.client().await;
+    let id = pull(&mut client, &sandbox).await.unwrap();
+    assert_eq!(pull(&mut client, &alias).await.unwrap(), id);
+    assert!(status(&mut client, &id).await.unwrap().pinned);
+
+    remove(&mut client, &alias).await;
+    let image = status(&mut client, &id)
+        .await
+        .expect("the sandbox image stays");
+    assert!(image.pinned);
+    assert_eq!(image.repo_tags, vec![sandbox.clone()]);
+    assert!(status(&mut client, &alias).await.is_none());
+}
+
+#[tokio::test]
+async fn images_survive_a_restart_and_ctr_imports_show_up() {
+    let testbed = Testbed::from_env();
+    let mut crius = Crius::start().await;
+    let mut client = crius.client().await;
+    pull(&mut client, &format!("{}/busybox:latest", testbed.registry))
+        .await
+        .unwrap();
+    pull(
+        &mut client,
+        &format!("{}/busybox-user:nobody", testbed.registry),
+    )
+    .await
+    .unwrap();
+    let before = list(&mut client).await;
+    assert_eq!(before.len(), 2);
+
+    crius.restart().await;
+    let mut client = crius.client().await;
+    assert_eq!(list(&mut client).await, before);
+
+    // An image imported with ctr appears without a restart.
+    let archive = crius.dir.path().join("image.tar");
+    let out = std::process::Command::new("skopeo")
+        .args(["copy", "--quiet"])
+        .arg(format!(
+            "oci:{}:busybox-user:1000",
+            testbed.images.display()
+        ))
+        .arg(format!(
+            "oci-archive:{}:imported/busybox:v1",
+            archive.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crius.ctr(&["images", "import", &archive.display().to_string()]);
+    // ctr keeps the name as given; crius finds it by its normalised form too.
+    let imported = "docker.io/imported/busybox:v1";
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let mut client = client.clone();
+            async move { status(&mut client, imported).await.is_some() }
+        })
+        .await,
+        "imported image not listed"
+    );
+    assert_eq!(
+        status(&mut client, imported)
+            .await
+            .unwrap()
+            .uid
+            .map(|u| u.value),
+        Some(1000)
+    );
+}
