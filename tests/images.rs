@@ -565,3 +565,30 @@ async fn images_survive_a_restart_and_ctr_imports_show_up() {
         Some(1000)
     );
 }
+
+#[tokio::test]
+async fn a_pull_without_progress_is_cancelled() {
+    // A "registry" that accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            connections.push(conn);
+        }
+    });
+    let crius = Crius::start_with(
+        |c| c.image.pull_progress_timeout = Duration::from_secs(1),
+        &[],
+    )
+    .await;
+    let mut client = crius.client().await;
+    let started = std::time::Instant::now();
+    let err = pull(&mut client, &format!("{address}/stuck:latest"))
+        .await
+        .expect_err("stalled pull");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    assert!(err.message().contains("no progress"), "{}", err.message());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    held.abort();
+}
