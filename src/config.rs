@@ -237,6 +237,8 @@ pub struct CniConfig {
     /// Bound on one CNI plugin invocation.
     #[serde(with = "duration_str")]
     pub plugin_timeout: Duration,
+    /// Where CNI results are cached (libcni's layout: `<cache_dir>/results/...`).
+    pub cache_dir: PathBuf,
 }
 
 impl Default for CniConfig {
@@ -247,6 +249,7 @@ impl Default for CniConfig {
             max_conf_num: 1,
             conf_template: String::new(),
             plugin_timeout: Duration::from_secs(60),
+            cache_dir: PathBuf::from("/var/lib/cni"),
         }
     }
 }
@@ -378,6 +381,7 @@ impl Config {
             ("containerd.address", &self.containerd.address),
             ("containerd.root", &self.containerd.root),
             ("cni.conf_dir", &self.cni.conf_dir),
+            ("cni.cache_dir", &self.cni.cache_dir),
         ] {
             if !path.is_absolute() {
                 return Err(invalid(
@@ -518,6 +522,8 @@ max_conf_num = 1
 conf_template = ""
 # Bound on one CNI plugin invocation.
 plugin_timeout = "1m"
+# Where CNI results are cached, in libcni's layout (<cache_dir>/results/...).
+cache_dir = "/var/lib/cni"
 
 [image]
 # The pause image for pod sandboxes. Empty: crius's built-in pause image.

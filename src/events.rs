@@ -1,11 +1,13 @@
 //! The containerd event monitor: keeps crius's stores in step with what happens in
-//! containerd. Today it follows image events (records created, updated or deleted by crius,
-//! `ctr` or anyone else). It resubscribes with backoff when the stream breaks and then
-//! re-syncs, so changes made while it was disconnected are not lost.
+//! containerd. It follows image events (records created, updated or deleted by crius, `ctr`
+//! or anyone else) and task exits, which it hands to a [`TaskExitHandler`]. It resubscribes
+//! with backoff when the stream breaks and then re-syncs, so changes made while it was
+//! disconnected are not lost.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use containerd_client::events::TaskExit;
 use containerd_client::services::v1::{ImageCreate, ImageDelete, ImageUpdate, SubscribeRequest};
 use containerd_client::types::Envelope;
 
@@ -19,15 +21,43 @@ use crate::store::ImageStore;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// A task process that exited.
+#[derive(Debug, Clone)]
+pub struct TaskExitEvent {
+    pub container_id: String,
+    /// The process: the container ID for the init process, else the exec ID.
+    pub id: String,
+    pub pid: u32,
+    pub exit_status: u32,
+    pub exited_at: std::time::SystemTime,
+}
+
+/// Reacts to task exits (sandboxes and containers).
+#[async_trait::async_trait]
+pub trait TaskExitHandler: Send + Sync {
+    async fn task_exited(&self, event: TaskExitEvent);
+    /// Called after a gap in the event stream: re-check every task.
+    async fn resync_tasks(&self);
+}
+
 /// Follows containerd's events for crius's namespace.
 pub struct EventMonitor {
     containerd: Containerd,
     images: Arc<ImageStore>,
+    exits: Arc<dyn TaskExitHandler>,
 }
 
 impl EventMonitor {
-    pub fn new(containerd: Containerd, images: Arc<ImageStore>) -> Self {
-        Self { containerd, images }
+    pub fn new(
+        containerd: Containerd,
+        images: Arc<ImageStore>,
+        exits: Arc<dyn TaskExitHandler>,
+    ) -> Self {
+        Self {
+            containerd,
+            images,
+            exits,
+        }
     }
 
     /// Runs until `cancel` fires.
@@ -36,14 +66,15 @@ impl EventMonitor {
         let mut backoff = Duration::from_millis(100);
         let mut first = true;
         loop {
-            let filter = format!(
-                "namespace==\"{}\",topic~=\"^/images/\"",
-                self.containerd.namespace()
-            );
+            let namespace = self.containerd.namespace();
+            let filters = vec![
+                format!("namespace==\"{namespace}\",topic~=\"^/images/\""),
+                format!("namespace==\"{namespace}\",topic==\"/tasks/exit\""),
+            ];
             let mut client = self.containerd.events();
             let subscribed = tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
-                s = client.subscribe(SubscribeRequest { filters: vec![filter] }) => s,
+                s = client.subscribe(SubscribeRequest { filters }) => s,
             };
             let mut stream = match subscribed {
                 Ok(resp) => resp.into_inner(),
@@ -59,8 +90,9 @@ impl EventMonitor {
             };
             backoff = Duration::from_millis(100);
             if !first {
-                tracing::info!("resubscribed to containerd events; re-syncing images");
+                tracing::info!("resubscribed to containerd events; re-syncing images and tasks");
                 self.resync_images().await;
+                self.exits.resync_tasks().await;
             }
             first = false;
             loop {
@@ -85,6 +117,31 @@ impl EventMonitor {
 
     async fn handle(&self, envelope: Envelope) {
         let Some(event) = envelope.event else { return };
+        if envelope.topic == "/tasks/exit" {
+            match TaskExit::decode(event.value.as_slice()) {
+                Ok(exit) => {
+                    let exited_at = exit
+                        .exited_at
+                        .and_then(|t| {
+                            let secs = u64::try_from(t.seconds).ok()?;
+                            let nanos = u32::try_from(t.nanos).ok()?;
+                            Some(std::time::UNIX_EPOCH + Duration::new(secs, nanos))
+                        })
+                        .unwrap_or_else(std::time::SystemTime::now);
+                    self.exits
+                        .task_exited(TaskExitEvent {
+                            container_id: exit.container_id,
+                            id: exit.id,
+                            pid: exit.pid,
+                            exit_status: exit.exit_status,
+                            exited_at,
+                        })
+                        .await;
+                }
+                Err(e) => tracing::warn!(error = %e, "undecodable task exit event"),
+            }
+            return;
+        }
         let name = match envelope.topic.as_str() {
             "/images/create" => ImageCreate::decode(event.value.as_slice()).map(|e| e.name),
             "/images/update" => ImageUpdate::decode(event.value.as_slice()).map(|e| e.name),

@@ -7,9 +7,16 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use std::path::Path;
+use std::sync::Arc;
+
+use containerd_client::types::v1::Status as ProcessStatus;
+
 use crate::containerd::{Containerd, ContainerdError};
+use crate::cri::sandbox::{KIND_LABEL, KIND_SANDBOX, metadata_from_extensions};
 use crate::image::load::load_image;
-use crate::store::ImageStore;
+use crate::server::CriService;
+use crate::store::{ImageStore, Sandbox, SandboxState, SandboxStatus};
 
 /// Bound on loading one item.
 pub const ITEM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,4 +50,60 @@ pub async fn recover_images(
     }
     tracing::info!(records = total, images = store.len(), "images recovered");
     Ok(store.len())
+}
+
+/// Rebuilds the sandbox store and the sandbox names from containerd: each sandbox container's
+/// metadata extension and its task's state.
+pub async fn recover_sandboxes(service: &CriService) -> Result<usize, ContainerdError> {
+    let filter = format!("labels.\"{KIND_LABEL}\"=={KIND_SANDBOX}");
+    let records = service.containerd.list_containers(vec![filter]).await?;
+    let mut loads = futures::stream::iter(records)
+        .map(|record| async move {
+            let task =
+                tokio::time::timeout(ITEM_TIMEOUT, service.containerd.task_state(&record.id)).await;
+            (record, task)
+        })
+        .buffer_unordered(CONCURRENCY);
+    let mut recovered = 0;
+    while let Some((record, task)) = loads.next().await {
+        let metadata = match metadata_from_extensions(&record.extensions) {
+            Some(Ok(metadata)) => metadata,
+            Some(Err(e)) => {
+                tracing::warn!(sandbox = %record.id, error = %e, "skipping sandbox with unreadable metadata");
+                continue;
+            }
+            None => {
+                tracing::warn!(sandbox = %record.id, "skipping sandbox container without crius metadata");
+                continue;
+            }
+        };
+        let (state, pid) = match task {
+            Ok(Ok(Some(t))) if t.status == ProcessStatus::Running => (SandboxState::Ready, t.pid),
+            Ok(Ok(_)) => (SandboxState::NotReady, 0),
+            Ok(Err(e)) => {
+                tracing::warn!(sandbox = %record.id, error = %e, "sandbox task state unknown; NOTREADY");
+                (SandboxState::NotReady, 0)
+            }
+            Err(_) => {
+                tracing::warn!(sandbox = %record.id, timeout = ?ITEM_TIMEOUT, "sandbox task did not answer; NOTREADY");
+                (SandboxState::NotReady, 0)
+            }
+        };
+        let netns_closed = metadata.netns_path.is_empty()
+            || !crate::netns::is_pinned(Path::new(&metadata.netns_path));
+        if let Err(e) = service.sandbox_names.reserve(&metadata.name, &metadata.id) {
+            tracing::warn!(sandbox = %metadata.id, error = %e, "sandbox name already taken");
+        }
+        service.sandboxes.add(Arc::new(Sandbox::new(
+            metadata,
+            SandboxStatus {
+                state,
+                pid,
+                netns_closed,
+            },
+        )));
+        recovered += 1;
+    }
+    tracing::info!(sandboxes = recovered, "sandboxes recovered");
+    Ok(recovered)
 }

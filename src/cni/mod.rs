@@ -5,6 +5,8 @@
 //! last load result. Nothing here is CRI-specific.
 
 pub mod config;
+pub mod network;
+pub mod result;
 pub mod syncer;
 
 use std::path::PathBuf;

@@ -5,12 +5,18 @@
 //! plain CRI `v1` messages; logging, the initialized gate and the other API versions and
 //! transports are the server layer's business.
 
+mod exits;
 mod image_fs_info;
 mod image_pull;
 mod image_remove;
 mod image_status;
 mod not_built;
 mod runtime_config;
+pub(crate) mod sandbox;
+mod sandbox_remove;
+mod sandbox_run;
+mod sandbox_status;
+mod sandbox_stop;
 mod status;
 mod version;
 

@@ -20,11 +20,6 @@ macro_rules! not_built {
 }
 
 not_built! {
-    run_pod_sandbox, "RunPodSandbox", RunPodSandboxRequest, RunPodSandboxResponse;
-    stop_pod_sandbox, "StopPodSandbox", StopPodSandboxRequest, StopPodSandboxResponse;
-    remove_pod_sandbox, "RemovePodSandbox", RemovePodSandboxRequest, RemovePodSandboxResponse;
-    pod_sandbox_status, "PodSandboxStatus", PodSandboxStatusRequest, PodSandboxStatusResponse;
-    list_pod_sandbox, "ListPodSandbox", ListPodSandboxRequest, ListPodSandboxResponse;
     create_container, "CreateContainer", CreateContainerRequest, CreateContainerResponse;
     start_container, "StartContainer", StartContainerRequest, StartContainerResponse;
     stop_container, "StopContainer", StopContainerRequest, StopContainerResponse;

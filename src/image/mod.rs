@@ -5,11 +5,13 @@
 //! [`ImagePuller`] and the [`crate::store::ImageStore`].
 
 pub mod auth;
+pub mod builtin;
 pub mod hosts;
 pub mod load;
 pub mod manifest;
 mod pull;
 pub mod reference;
 pub mod registry;
+pub mod unpack;
 
 pub use pull::{ImagePuller, MANAGED_LABEL, PullFailure};

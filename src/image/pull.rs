@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use containerd_client::types::Descriptor as ContainerdDescriptor;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::Semaphore;
@@ -30,6 +29,7 @@ use super::manifest::{
 };
 use super::reference::Reference;
 use super::registry::{HttpClients, RegistryError, Session};
+use super::unpack::{to_containerd, unpack_layer};
 use crate::config::RegistryConfig;
 use crate::containerd::content::WriteError;
 use crate::containerd::{Containerd, ContainerdError};
@@ -70,6 +70,8 @@ enum PullError {
     Stalled(Duration),
     #[error(transparent)]
     Failpoint(#[from] crate::failpoint::Triggered),
+    #[error(transparent)]
+    Unpack(#[from] super::unpack::UnpackError),
 }
 
 impl PullError {
@@ -93,6 +95,8 @@ impl PullError {
             Self::Corrupt(_) => Code::DataLoss,
             Self::Stalled(_) => Code::DeadlineExceeded,
             Self::Failpoint(_) => Code::Internal,
+            Self::Unpack(super::unpack::UnpackError::Containerd(_)) => Code::Internal,
+            Self::Unpack(super::unpack::UnpackError::DiffIdMismatch { .. }) => Code::DataLoss,
         }
     }
 }
@@ -637,77 +641,6 @@ impl LayerDownload {
 fn is_locked(e: &ContainerdError) -> bool {
     matches!(e, ContainerdError::Rpc { status, .. }
         if status.code() == Code::Unavailable && status.message().contains("locked"))
-}
-
-/// Applies one layer onto its parent snapshot and commits it under its chain ID.
-async fn unpack_layer(
-    containerd: &Containerd,
-    snapshotter: &str,
-    lease: &str,
-    layer: &Descriptor,
-    diff_id: &str,
-    chain_id: &str,
-    parent: &str,
-) -> Result<(), PullError> {
-    if containerd.snapshot_exists(snapshotter, chain_id).await? {
-        return Ok(());
-    }
-    let key = format!(
-        "extract-{}-{:08x} {chain_id}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-        rand::random::<u32>()
-    );
-    let labels = HashMap::from([(
-        "containerd.io/snapshot.ref".to_string(),
-        chain_id.to_string(),
-    )]);
-    let mounts = containerd
-        .prepare_snapshot(snapshotter, &key, parent, labels, Some(lease))
-        .await?;
-    let applied = containerd
-        .apply_diff(to_containerd(layer), mounts, Some(lease))
-        .await;
-    let applied = match applied {
-        Ok(applied) => applied,
-        Err(e) => {
-            let _ = containerd.remove_snapshot(snapshotter, &key).await;
-            return Err(e.into());
-        }
-    };
-    if applied.digest != diff_id {
-        let _ = containerd.remove_snapshot(snapshotter, &key).await;
-        return Err(PullError::Corrupt(format!(
-            "layer {} unpacked to {} but the config says {diff_id}",
-            layer.digest, applied.digest
-        )));
-    }
-    match containerd
-        .commit_snapshot(snapshotter, chain_id, &key, HashMap::new(), Some(lease))
-        .await
-    {
-        Ok(()) => Ok(()),
-        // Unpacked concurrently by another pull: theirs is as good as ours.
-        Err(e) if e.is_already_exists() => {
-            let _ = containerd.remove_snapshot(snapshotter, &key).await;
-            Ok(())
-        }
-        Err(e) => {
-            let _ = containerd.remove_snapshot(snapshotter, &key).await;
-            Err(e.into())
-        }
-    }
-}
-
-fn to_containerd(desc: &Descriptor) -> ContainerdDescriptor {
-    ContainerdDescriptor {
-        media_type: desc.media_type.clone(),
-        digest: desc.digest.clone(),
-        size: desc.size,
-        annotations: desc.annotations.clone(),
-    }
 }
 
 /// containerd's GC references from a manifest to its config and layers.

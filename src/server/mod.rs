@@ -114,9 +114,18 @@ impl CriService {
     async fn start(&self, tasks: &mut JoinSet<TaskEnd>) -> Result<(), ServiceError> {
         crate::failpoint::hit("startup").await?;
         crate::recovery::recover_images(&self.containerd, &self.images).await?;
+        crate::recovery::recover_sandboxes(self).await?;
+        if self.config.image.sandbox_image.is_empty()
+            && let Err(e) = self.ensure_sandbox_image().await
+        {
+            tracing::warn!(error = %e, "the built-in pause image is not available yet");
+        }
 
-        let monitor =
-            crate::events::EventMonitor::new(self.containerd.clone(), self.images.clone());
+        let monitor = crate::events::EventMonitor::new(
+            self.containerd.clone(),
+            self.images.clone(),
+            std::sync::Arc::new(self.clone()),
+        );
         let cancel = self.shutdown.clone();
         tasks.spawn(async move {
             let ended = monitor.run(cancel).await;

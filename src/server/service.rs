@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::cni::NetworkConfigs;
+use crate::cni::network::CniNetwork;
 use crate::config::Config;
+use crate::config::RestrictOomScoreAdj;
 use crate::containerd::{Containerd, ContainerdError};
 use crate::fsusage::ImageFs;
 use crate::image::ImagePuller;
 use crate::image::reference::Reference;
-use crate::store::ImageStore;
+use crate::store::{ImageStore, NameRegistrar, SandboxStore};
 
 /// Errors that stop crius from starting or make it stop.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +48,13 @@ pub struct ServiceState {
     pub cni: Arc<NetworkConfigs>,
     pub images: Arc<ImageStore>,
     pub puller: Arc<ImagePuller>,
+    pub cni_network: CniNetwork,
+    pub sandboxes: Arc<SandboxStore>,
+    pub sandbox_names: NameRegistrar,
+    /// The sandbox image: the configured one, or the built-in pause image.
+    pub sandbox_image: String,
+    /// The lowest OOM score adjustment crius may give; `None` when it may lower freely.
+    pub oom_score_floor: Option<i32>,
     /// Image names that RemoveImage of another name never takes away (the sandbox image).
     pub pinned_images: std::collections::HashSet<String>,
     /// The pod CIDR kubelet last sent with UpdateRuntimeConfig.
@@ -103,11 +112,21 @@ impl CriService {
             config.image.pull_progress_timeout,
         );
         let mut pinned_images = std::collections::HashSet::new();
-        if !config.image.sandbox_image.is_empty() {
-            let reference = Reference::parse(&config.image.sandbox_image)
-                .map_err(|e| ServiceError::Config(format!("image.sandbox_image: {e}")))?;
-            pinned_images.insert(reference.to_string());
-        }
+        let sandbox_image = if config.image.sandbox_image.is_empty() {
+            crate::image::builtin::BUILTIN_PAUSE_IMAGE.to_string()
+        } else {
+            Reference::parse(&config.image.sandbox_image)
+                .map_err(|e| ServiceError::Config(format!("image.sandbox_image: {e}")))?
+                .to_string()
+        };
+        pinned_images.insert(sandbox_image.clone());
+        let cni_network = CniNetwork::new(
+            cni.clone(),
+            config.cni.bin_dirs.clone(),
+            config.cni.cache_dir.clone(),
+            config.cni.plugin_timeout,
+        );
+        let oom_score_floor = oom_score_floor(config.restrict_oom_score_adj);
 
         Ok(Self(Arc::new(ServiceState {
             config,
@@ -116,6 +135,11 @@ impl CriService {
             cni,
             images: Arc::new(ImageStore::new()),
             puller,
+            cni_network,
+            sandboxes: Arc::new(SandboxStore::new()),
+            sandbox_names: NameRegistrar::new(),
+            sandbox_image,
+            oom_score_floor,
             pinned_images,
             pod_cidr: std::sync::Mutex::new(String::new()),
             initialized: AtomicBool::new(false),
@@ -136,6 +160,54 @@ impl CriService {
     pub fn close(&self) {
         self.shutdown.cancel();
     }
+}
+
+impl ServiceState {
+    /// `adj` raised to the floor crius must respect, when there is one.
+    pub fn clamp_oom_score_adj(&self, adj: i32) -> i32 {
+        match self.oom_score_floor {
+            Some(floor) if adj < floor => floor,
+            _ => adj,
+        }
+    }
+}
+
+/// CAP_SYS_RESOURCE, which lowering an OOM score adjustment needs.
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// The floor for OOM score adjustments: crius's own value when it may not lower it
+/// (no CAP_SYS_RESOURCE, as in many containers and VMs), decided once at start-up.
+fn oom_score_floor(restrict: RestrictOomScoreAdj) -> Option<i32> {
+    let own = std::fs::read_to_string("/proc/self/oom_score_adj")
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .unwrap_or(0);
+    let restricted = match restrict {
+        RestrictOomScoreAdj::Always => true,
+        RestrictOomScoreAdj::Never => false,
+        RestrictOomScoreAdj::Auto => !has_effective_capability(CAP_SYS_RESOURCE),
+    };
+    if restricted {
+        tracing::info!(
+            floor = own,
+            "OOM score adjustments are clamped to crius's own value (it cannot lower them)"
+        );
+        Some(own)
+    } else {
+        None
+    }
+}
+
+fn has_effective_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << cap) != 0)
 }
 
 /// Creates `path` (and parents) with mode 0711: others may traverse but not list.

@@ -312,3 +312,92 @@ pub fn bridge_conflist(name: &str, subnet: &str) -> String {
 }}"#
     )
 }
+
+/// A CNI network for one test: a bridge `crius<tag>` on `10.<tag>.0.0/16` with host-local
+/// IPAM (its reservations in `ipam_dir`), portmap, written into a crius config's conf dir.
+/// The bridge is deleted on drop.
+pub struct TestNetwork {
+    pub name: String,
+    pub bridge: String,
+    pub subnet_prefix: String,
+    pub ipam_dir: PathBuf,
+}
+
+impl TestNetwork {
+    /// Writes the conflist into `config.cni.conf_dir` and points the CNI cache and IPAM
+    /// store into the test's directory.
+    pub fn install(config: &mut Config, tag: u8) -> Self {
+        let base = config.root.parent().expect("test dir").to_path_buf();
+        let network = Self {
+            name: format!("crius-test-{tag}"),
+            bridge: format!("crius{tag}"),
+            subnet_prefix: format!("10.{tag}."),
+            ipam_dir: base.join("ipam"),
+        };
+        config.cni.cache_dir = base.join("cni-cache");
+        std::fs::create_dir_all(&config.cni.conf_dir).expect("create conf dir");
+        std::fs::write(
+            config.cni.conf_dir.join("10-test.conflist"),
+            network.conflist(),
+        )
+        .expect("write conflist");
+        network
+    }
+
+    pub fn conflist(&self) -> String {
+        format!(
+            r#"{{
+  "cniVersion": "1.0.0",
+  "name": "{name}",
+  "plugins": [
+    {{"type": "bridge", "bridge": "{bridge}", "isGateway": true, "ipMasq": true,
+      "ipam": {{"type": "host-local", "dataDir": "{ipam}",
+               "ranges": [[{{"subnet": "{prefix}0.0/16"}}]], "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
+    {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
+  ]
+}}"#,
+            name = self.name,
+            bridge = self.bridge,
+            ipam = self.ipam_dir.display(),
+            prefix = self.subnet_prefix,
+        )
+    }
+
+    /// IPs host-local has reserved on this network.
+    pub fn reserved_ips(&self) -> Vec<String> {
+        std::fs::read_dir(self.ipam_dir.join(&self.name))
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for TestNetwork {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A pod sandbox config with the given name (namespace `default`, uid `<name>-uid`).
+pub fn pod_config(name: &str) -> k8s_cri::v1::PodSandboxConfig {
+    k8s_cri::v1::PodSandboxConfig {
+        metadata: Some(k8s_cri::v1::PodSandboxMetadata {
+            name: name.to_string(),
+            namespace: "default".to_string(),
+            uid: format!("{name}-uid"),
+            attempt: 0,
+        }),
+        hostname: name.to_string(),
+        log_directory: format!("/tmp/crius-test-logs/{name}"),
+        linux: Some(k8s_cri::v1::LinuxPodSandboxConfig::default()),
+        ..Default::default()
+    }
+}

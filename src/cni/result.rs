@@ -1,0 +1,100 @@
+//! CNI results (spec 0.3.x, 0.4.0 and 1.x share this shape): the interfaces and IPs a
+//! network's plugins set up.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CniResult {
+    #[serde(default, rename = "cniVersion")]
+    pub cni_version: String,
+    #[serde(default)]
+    pub interfaces: Vec<Interface>,
+    #[serde(default)]
+    pub ips: Vec<IpConfig>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Interface {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub mac: String,
+    #[serde(default)]
+    pub sandbox: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IpConfig {
+    /// `10.88.0.5/16`.
+    pub address: String,
+    #[serde(default)]
+    pub gateway: Option<String>,
+    /// Index into `interfaces`.
+    #[serde(default)]
+    pub interface: Option<usize>,
+}
+
+impl CniResult {
+    pub fn parse(value: &serde_json::Value) -> Result<Self, String> {
+        serde_json::from_value(value.clone()).map_err(|e| format!("malformed CNI result: {e}"))
+    }
+
+    /// The pod's addresses on `ifname` (all addresses when the result names no interfaces),
+    /// IPv4 first, without prefix lengths.
+    pub fn pod_ips(&self, ifname: &str) -> Vec<String> {
+        let on_interface = |ip: &&IpConfig| match ip.interface {
+            Some(i) => self
+                .interfaces
+                .get(i)
+                .is_none_or(|iface| iface.name == ifname || iface.sandbox.is_empty()),
+            None => true,
+        };
+        let mut ips: Vec<String> = self
+            .ips
+            .iter()
+            .filter(on_interface)
+            .map(|ip| {
+                ip.address
+                    .split('/')
+                    .next()
+                    .unwrap_or(&ip.address)
+                    .to_string()
+            })
+            .collect();
+        ips.sort_by_key(|ip| ip.contains(':'));
+        ips
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_pod_interface_addresses_ipv4_first() {
+        let result = CniResult::parse(&serde_json::json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [
+                {"name": "cni0", "mac": "aa"},
+                {"name": "veth1", "mac": "bb"},
+                {"name": "eth0", "mac": "cc", "sandbox": "/var/run/netns/cni-1"}
+            ],
+            "ips": [
+                {"address": "fd00::5/64", "interface": 2},
+                {"address": "10.88.0.5/16", "gateway": "10.88.0.1", "interface": 2}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(result.pod_ips("eth0"), vec!["10.88.0.5", "fd00::5"]);
+    }
+
+    #[test]
+    fn version_0_3_results_parse() {
+        let result = CniResult::parse(&serde_json::json!({
+            "cniVersion": "0.3.1",
+            "ips": [{"version": "4", "address": "10.1.2.3/24"}]
+        }))
+        .unwrap();
+        assert_eq!(result.pod_ips("eth0"), vec!["10.1.2.3"]);
+    }
+}

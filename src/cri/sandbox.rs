@@ -1,0 +1,313 @@
+//! What the sandbox RPCs share: directories, the metadata extension on the containerd
+//! record, the sandbox's files (hostname, hosts, resolv.conf), its /dev/shm, stopping its
+//! task, and tearing its network down.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_cri::v1::{DnsConfig, NamespaceMode, PodSandboxConfig};
+use nix::mount::{MntFlags, MsFlags};
+use tonic::Status;
+
+use crate::cni::network::PodRef;
+use crate::server::CriService;
+use crate::store::{Sandbox, SandboxMetadata, SandboxState};
+
+/// containerd label that tells sandboxes and containers apart, as containerd's CRI sets it.
+pub const KIND_LABEL: &str = "io.cri-containerd.kind";
+pub const KIND_SANDBOX: &str = "sandbox";
+/// The extension on the containerd container that holds crius's sandbox metadata.
+pub const SANDBOX_METADATA_EXTENSION: &str = "io.crius.sandbox.metadata";
+const SANDBOX_METADATA_TYPE: &str = "crius.io/SandboxMetadata/v1";
+/// Size of a pod's /dev/shm (containerd's default).
+const SHM_SIZE: u64 = 64 * 1024 * 1024;
+/// How long stopping waits for a killed task to exit.
+pub const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// A new sandbox or container ID: 64 hex digits, as containerd's CRI makes them.
+pub fn new_id() -> String {
+    format!(
+        "{:032x}{:032x}",
+        rand::random::<u128>(),
+        rand::random::<u128>()
+    )
+}
+
+pub fn is_host_network(config: &PodSandboxConfig) -> bool {
+    namespace_mode(config, |ns| ns.network) == NamespaceMode::Node as i32
+}
+
+pub fn is_host_ipc(config: &PodSandboxConfig) -> bool {
+    namespace_mode(config, |ns| ns.ipc) == NamespaceMode::Node as i32
+}
+
+fn namespace_mode(
+    config: &PodSandboxConfig,
+    pick: impl Fn(&k8s_cri::v1::NamespaceOption) -> i32,
+) -> i32 {
+    config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref())
+        .map(pick)
+        .unwrap_or(NamespaceMode::Pod as i32)
+}
+
+/// The metadata as a containerd container extension.
+pub fn metadata_extension(
+    metadata: &SandboxMetadata,
+) -> Result<HashMap<String, prost_types::Any>, Status> {
+    let value = serde_json::to_vec(metadata)
+        .map_err(|e| Status::internal(format!("encoding sandbox metadata: {e}")))?;
+    Ok(HashMap::from([(
+        SANDBOX_METADATA_EXTENSION.to_string(),
+        prost_types::Any {
+            type_url: SANDBOX_METADATA_TYPE.to_string(),
+            value,
+        },
+    )]))
+}
+
+/// The metadata from a containerd container's extension, if it carries one.
+pub fn metadata_from_extensions(
+    extensions: &HashMap<String, prost_types::Any>,
+) -> Option<Result<SandboxMetadata, serde_json::Error>> {
+    extensions
+        .get(SANDBOX_METADATA_EXTENSION)
+        .map(|any| serde_json::from_slice(&any.value))
+}
+
+/// `/etc/hosts` of a pod with its own network.
+const POD_HOSTS: &str = "127.0.0.1\tlocalhost\n\
+::1\tlocalhost ip6-localhost ip6-loopback\n\
+fe00::0\tip6-localnet\n\
+ff00::0\tip6-mcastprefix\n\
+ff02::1\tip6-allnodes\n\
+ff02::2\tip6-allrouters\n";
+
+/// `resolv.conf` from the pod's DNS config.
+pub fn resolv_conf(dns: &DnsConfig) -> String {
+    let mut text = String::new();
+    for server in &dns.servers {
+        text.push_str(&format!("nameserver {server}\n"));
+    }
+    if !dns.searches.is_empty() {
+        text.push_str(&format!("search {}\n", dns.searches.join(" ")));
+    }
+    if !dns.options.is_empty() {
+        text.push_str(&format!("options {}\n", dns.options.join(" ")));
+    }
+    text
+}
+
+impl CriService {
+    pub(crate) fn sandbox_root_dir(&self, id: &str) -> PathBuf {
+        self.config.root.join("sandboxes").join(id)
+    }
+
+    pub(crate) fn sandbox_state_dir(&self, id: &str) -> PathBuf {
+        self.config.state.join("sandboxes").join(id)
+    }
+
+    pub(crate) fn sandbox_shm_path(&self, id: &str) -> PathBuf {
+        self.sandbox_state_dir(id).join("shm")
+    }
+
+    /// Writes the pod's `hostname`, `hosts` and `resolv.conf` into its root dir.
+    pub(crate) fn write_sandbox_files(
+        &self,
+        id: &str,
+        config: &PodSandboxConfig,
+    ) -> Result<(), Status> {
+        let dir = self.sandbox_root_dir(id);
+        let host_network = is_host_network(config);
+        let hostname = if host_network || config.hostname.is_empty() {
+            nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            config.hostname.clone()
+        };
+        let hosts = if host_network {
+            std::fs::read_to_string("/etc/hosts").unwrap_or_else(|_| POD_HOSTS.to_string())
+        } else {
+            POD_HOSTS.to_string()
+        };
+        let resolv = match &config.dns_config {
+            Some(dns) => resolv_conf(dns),
+            None => std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+        };
+        for (name, content) in [
+            ("hostname", format!("{hostname}\n")),
+            ("hosts", hosts),
+            ("resolv.conf", resolv),
+        ] {
+            crate::fsutil::write_atomic(&dir.join(name), content.as_bytes(), 0o644)
+                .map_err(|e| Status::internal(format!("writing {name} of sandbox {id}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Mounts the pod's own /dev/shm (a sized tmpfs) under its state dir.
+    pub(crate) fn mount_sandbox_shm(&self, id: &str) -> Result<PathBuf, Status> {
+        let path = self.sandbox_shm_path(id);
+        std::fs::create_dir_all(&path)
+            .map_err(|e| Status::internal(format!("creating {}: {e}", path.display())))?;
+        nix::mount::mount(
+            Some("shm"),
+            &path,
+            Some("tmpfs"),
+            MsFlags::MS_NOEXEC | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(format!("mode=1777,size={SHM_SIZE}").as_str()),
+        )
+        .map_err(|e| Status::internal(format!("mounting /dev/shm of sandbox {id}: {e}")))?;
+        Ok(path)
+    }
+
+    pub(crate) fn unmount_sandbox_shm(&self, id: &str) {
+        let path = self.sandbox_shm_path(id);
+        match nix::mount::umount2(&path, MntFlags::MNT_DETACH) {
+            Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => tracing::warn!(sandbox = id, error = %e, "unmounting /dev/shm failed"),
+        }
+    }
+
+    /// Removes the sandbox's root and state dirs.
+    pub(crate) fn remove_sandbox_dirs(&self, id: &str) -> Result<(), Status> {
+        self.unmount_sandbox_shm(id);
+        for dir in [self.sandbox_root_dir(id), self.sandbox_state_dir(id)] {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Status::internal(format!("removing {}: {e}", dir.display())));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills a container's task, waits for it (bounded) and deletes it. A missing task is
+    /// fine.
+    pub(crate) async fn destroy_task(&self, id: &str) -> Result<(), Status> {
+        let Some(state) = self.containerd.task_state(id).await.map_err(internal)? else {
+            return Ok(());
+        };
+        if state.exit.is_none() {
+            self.containerd
+                .kill_task(id, "", nix::sys::signal::Signal::SIGKILL as u32, true)
+                .await
+                .map_err(internal)?;
+            match tokio::time::timeout(KILL_WAIT, self.containerd.wait_task(id, "")).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.is_not_found() => {}
+                Ok(Err(e)) => return Err(internal(e)),
+                Err(_) => {
+                    return Err(Status::deadline_exceeded(format!(
+                        "task {id} did not exit within {KILL_WAIT:?} of SIGKILL"
+                    )));
+                }
+            }
+        }
+        if let Err(e) = self.containerd.delete_task(id).await {
+            // The shim may be going away under us; what matters is that the task is gone.
+            if self
+                .containerd
+                .task_state(id)
+                .await
+                .map_err(internal)?
+                .is_some()
+            {
+                return Err(internal(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops a sandbox: its task, its network, its /dev/shm and its netns. Idempotent.
+    pub(crate) async fn stop_sandbox(&self, sandbox: &Arc<Sandbox>) -> Result<(), Status> {
+        let metadata = sandbox.metadata();
+        let id = metadata.id.clone();
+        self.destroy_task(&id).await?;
+        sandbox.update_status(|s| {
+            s.state = SandboxState::NotReady;
+            s.pid = 0;
+        });
+        if !metadata.netns_path.is_empty() {
+            self.cni_network
+                .teardown(&pod_ref(&metadata))
+                .await
+                .map_err(|e| {
+                    Status::internal(format!(
+                        "failed to tear down the network of sandbox {id}: {e}"
+                    ))
+                })?;
+        }
+        self.unmount_sandbox_shm(&id);
+        if !metadata.netns_path.is_empty() {
+            crate::netns::remove(Path::new(&metadata.netns_path))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        sandbox.update_status(|s| s.netns_closed = true);
+        Ok(())
+    }
+
+    /// The sandbox with ID (or unique prefix) `id`.
+    pub(crate) fn find_sandbox(&self, id: &str) -> Result<Option<Arc<Sandbox>>, Status> {
+        if id.is_empty() {
+            return Err(Status::invalid_argument("pod sandbox ID is required"));
+        }
+        self.sandboxes
+            .get(id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+}
+
+/// CNI's view of a sandbox.
+pub fn pod_ref(metadata: &SandboxMetadata) -> PodRef {
+    let pod = metadata.config.metadata.clone().unwrap_or_default();
+    PodRef {
+        id: metadata.id.clone(),
+        name: pod.name,
+        namespace: pod.namespace,
+        uid: pod.uid,
+        netns: metadata.netns_path.clone(),
+    }
+}
+
+pub fn internal(e: impl std::fmt::Display) -> Status {
+    Status::internal(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_from_dns_config() {
+        let text = resolv_conf(&DnsConfig {
+            servers: vec!["10.0.0.10".into(), "8.8.8.8".into()],
+            searches: vec![
+                "default.svc.cluster.local".into(),
+                "svc.cluster.local".into(),
+            ],
+            options: vec!["ndots:5".into()],
+        });
+        assert_eq!(
+            text,
+            "nameserver 10.0.0.10\nnameserver 8.8.8.8\nsearch default.svc.cluster.local svc.cluster.local\noptions ndots:5\n"
+        );
+    }
+
+    #[test]
+    fn ids_are_64_hex_digits() {
+        let id = new_id();
+        assert_eq!(id.len(), 64);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(id, new_id());
+    }
+}

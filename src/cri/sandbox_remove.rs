@@ -1,0 +1,37 @@
+//! `RemovePodSandbox`: stop it if needed, then delete its task, containerd container,
+//! snapshot, directories and netns, and release its name. An unknown ID is not an error.
+
+use k8s_cri::v1::{RemovePodSandboxRequest, RemovePodSandboxResponse};
+use tonic::Status;
+
+use super::sandbox::internal;
+use crate::server::CriService;
+
+impl CriService {
+    pub async fn remove_pod_sandbox(
+        &self,
+        req: RemovePodSandboxRequest,
+    ) -> Result<RemovePodSandboxResponse, Status> {
+        let Some(sandbox) = self.find_sandbox(&req.pod_sandbox_id)? else {
+            return Ok(RemovePodSandboxResponse {});
+        };
+        let _lifecycle = sandbox.lifecycle.lock().await;
+        let metadata = sandbox.metadata();
+        let id = metadata.id.clone();
+        // Stopping is idempotent: it also finishes a stop that failed half-way.
+        self.stop_sandbox(&sandbox).await?;
+        self.containerd
+            .delete_container(&id)
+            .await
+            .map_err(internal)?;
+        self.containerd
+            .remove_snapshot(&self.config.containerd.snapshotter, &id)
+            .await
+            .map_err(internal)?;
+        self.remove_sandbox_dirs(&id)?;
+        self.sandboxes.remove(&id);
+        self.sandbox_names.release(&metadata.name, &id);
+        tracing::info!(sandbox = %id, "pod sandbox removed");
+        Ok(RemovePodSandboxResponse {})
+    }
+}

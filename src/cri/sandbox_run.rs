@@ -1,0 +1,403 @@
+//! `RunPodSandbox`: reserve the name, ensure the sandbox image, write the pod's files and
+//! /dev/shm, create the netns, create the containerd container and record the sandbox
+//! *before* networking (so a later Stop/Remove can always undo it), run CNI ADD and persist
+//! the result at once, then create and start the pause task. Any failure undoes every step
+//! already done, in reverse.
+//!
+//! The work runs in a task of its own: a client that gives up (kubelet's RPC timeout) does
+//! not cut a creation in half; it completes or is undone.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use containerd_client::services::v1::Container;
+use k8s_cri::v1::{PodSandboxConfig, RunPodSandboxRequest, RunPodSandboxResponse};
+use tonic::Status;
+
+use super::sandbox::{
+    KIND_LABEL, KIND_SANDBOX, internal, is_host_ipc, is_host_network, metadata_extension, new_id,
+    pod_ref,
+};
+use super::unix_nanos;
+use crate::cni::network::capability_args;
+use crate::cni::result::CniResult;
+use crate::config::RuntimeConfig;
+use crate::oci::{self, SANDBOX_OOM_SCORE_ADJ, SandboxSpecInput};
+use crate::server::CriService;
+use crate::store::{Image, Sandbox, SandboxMetadata, SandboxState, SandboxStatus};
+use crate::undo::Undo;
+
+/// Runtime types that take runc's shim options.
+const RUNC_RUNTIME_TYPES: &[&str] = &["io.containerd.runc.v2", "io.containerd.runc.v1"];
+
+impl CriService {
+    pub async fn run_pod_sandbox(
+        &self,
+        req: RunPodSandboxRequest,
+    ) -> Result<RunPodSandboxResponse, Status> {
+        let config = req
+            .config
+            .ok_or_else(|| Status::invalid_argument("pod sandbox config is required"))?;
+        let pod = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("pod sandbox config must have metadata"))?;
+        for (field, value) in [
+            ("name", &pod.name),
+            ("namespace", &pod.namespace),
+            ("uid", &pod.uid),
+        ] {
+            if value.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "pod sandbox metadata.{field} is required"
+                )));
+            }
+        }
+        let handler = req.runtime_handler;
+        let runtime = self.config.runtime(&handler).cloned().ok_or_else(|| {
+            Status::invalid_argument(format!("no runtime for handler {handler:?} is configured"))
+        })?;
+        if !is_host_network(&config) {
+            self.cni.ready().map_err(|e| {
+                Status::failed_precondition(format!(
+                    "NetworkPluginNotReady: cni config load failed: {e}"
+                ))
+            })?;
+        }
+
+        let id = new_id();
+        let name = format!("{}_{}_{}_{}", pod.name, pod.namespace, pod.uid, pod.attempt);
+        self.sandbox_names.reserve(&name, &id).map_err(|e| {
+            Status::already_exists(format!("failed to reserve sandbox name {name:?}: {e}"))
+        })?;
+
+        let service = self.clone();
+        let task_id = id.clone();
+        let created = tokio::spawn(async move {
+            let mut undo = Undo::new();
+            {
+                let (service, name, id) = (service.clone(), name.clone(), task_id.clone());
+                undo.push("release sandbox name", async move {
+                    service.sandbox_names.release(&name, &id);
+                });
+            }
+            let result = service
+                .create_sandbox(&mut undo, &task_id, &name, config, &handler, &runtime)
+                .await;
+            match result {
+                Ok(()) => undo.disarm(),
+                Err(_) => undo.run().await,
+            }
+            result
+        })
+        .await
+        .map_err(|e| Status::internal(format!("sandbox creation task failed: {e}")))?;
+        created?;
+        Ok(RunPodSandboxResponse { pod_sandbox_id: id })
+    }
+
+    async fn create_sandbox(
+        &self,
+        undo: &mut Undo,
+        id: &str,
+        name: &str,
+        config: PodSandboxConfig,
+        handler: &str,
+        runtime: &RuntimeConfig,
+    ) -> Result<(), Status> {
+        let image = self.ensure_sandbox_image().await?;
+        let snapshotter = self.config.containerd.snapshotter.clone();
+
+        // The pod's directories and files.
+        let root_dir = self.sandbox_root_dir(id);
+        let state_dir = self.sandbox_state_dir(id);
+        for dir in [&root_dir, &state_dir] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+        }
+        {
+            let (service, id) = (self.clone(), id.to_string());
+            undo.push("remove sandbox dirs", async move {
+                let _ = service.remove_sandbox_dirs(&id);
+            });
+        }
+        self.write_sandbox_files(id, &config)?;
+        let shm_path = if is_host_ipc(&config) {
+            "/dev/shm".to_string()
+        } else {
+            let path = self.mount_sandbox_shm(id)?;
+            let (service, id) = (self.clone(), id.to_string());
+            undo.push("unmount sandbox shm", async move {
+                service.unmount_sandbox_shm(&id)
+            });
+            path.display().to_string()
+        };
+
+        let netns_path = if is_host_network(&config) {
+            String::new()
+        } else {
+            let path = crate::netns::new_path();
+            crate::netns::create(&path).await.map_err(internal)?;
+            let pinned = path.clone();
+            undo.push("remove netns", async move {
+                if let Err(e) = crate::netns::remove(&pinned).await {
+                    tracing::warn!(error = %e, "undo: removing netns failed");
+                }
+            });
+            path.display().to_string()
+        };
+        crate::failpoint::hit("sandbox_after_netns")
+            .await
+            .map_err(internal)?;
+
+        let pod_annotations =
+            oci::passthrough_annotations(&config.annotations, &runtime.pod_annotations);
+        let resolv_path = root_dir.join("resolv.conf").display().to_string();
+        let spec = oci::sandbox_spec(&SandboxSpecInput {
+            id,
+            namespace: self.containerd.namespace(),
+            config: &config,
+            image: &image.config.config,
+            netns_path: (!netns_path.is_empty()).then_some(netns_path.as_str()),
+            shm_path: &shm_path,
+            resolv_conf_path: &resolv_path,
+            oom_score_adj: self.clamp_oom_score_adj(SANDBOX_OOM_SCORE_ADJ),
+            systemd_cgroup: runtime.options.systemd_cgroup,
+            passthrough_annotations: pod_annotations,
+        })
+        .map_err(|e| Status::invalid_argument(format!("invalid sandbox config: {e}")))?;
+
+        let metadata = SandboxMetadata {
+            id: id.to_string(),
+            name: name.to_string(),
+            config: config.clone(),
+            runtime_handler: handler.to_string(),
+            runtime_type: runtime.runtime_type.clone(),
+            netns_path: netns_path.clone(),
+            ips: Vec::new(),
+            networks: Vec::new(),
+            created_at: unix_nanos(SystemTime::now()),
+            image: image.id.clone(),
+        };
+        self.create_sandbox_container(undo, &metadata, &image, &spec, runtime, &snapshotter)
+            .await?;
+        crate::failpoint::hit("sandbox_after_container")
+            .await
+            .map_err(internal)?;
+
+        let sandbox = Arc::new(Sandbox::new(
+            metadata.clone(),
+            SandboxStatus {
+                state: SandboxState::Creating,
+                pid: 0,
+                netns_closed: false,
+            },
+        ));
+        self.sandboxes.add(sandbox.clone());
+        {
+            let (service, id) = (self.clone(), id.to_string());
+            undo.push(
+                "forget sandbox",
+                async move { service.sandboxes.remove(&id) },
+            );
+        }
+        let _lifecycle = sandbox.lifecycle.lock().await;
+
+        if !netns_path.is_empty() {
+            self.setup_sandbox_network(undo, &sandbox, &config).await?;
+            crate::failpoint::hit("sandbox_after_cni")
+                .await
+                .map_err(internal)?;
+        }
+
+        let mounts = self
+            .containerd
+            .snapshot_mounts(&snapshotter, id)
+            .await
+            .map_err(internal)?;
+        self.containerd
+            .create_task(id, mounts, ["", "", ""], false)
+            .await
+            .map_err(|e| Status::internal(format!("failed to create the sandbox task: {e}")))?;
+        {
+            let (service, id) = (self.clone(), id.to_string());
+            undo.push("destroy sandbox task", async move {
+                if let Err(e) = service.destroy_task(&id).await {
+                    tracing::warn!(sandbox = %id, error = %e, "undo: destroying task failed");
+                }
+            });
+        }
+        let pid = self
+            .containerd
+            .start_task(id, "")
+            .await
+            .map_err(|e| Status::internal(format!("failed to start the sandbox task: {e}")))?;
+        crate::failpoint::hit("sandbox_after_start")
+            .await
+            .map_err(internal)?;
+        sandbox.update_status(|s| {
+            s.state = SandboxState::Ready;
+            s.pid = pid;
+        });
+        tracing::info!(sandbox = %id, name, pid, ips = ?sandbox.metadata().ips, "pod sandbox running");
+        Ok(())
+    }
+
+    /// The snapshot and the containerd container, created under a short lease so garbage
+    /// collection cannot take the snapshot before the container holds it.
+    async fn create_sandbox_container(
+        &self,
+        undo: &mut Undo,
+        metadata: &SandboxMetadata,
+        image: &Image,
+        spec: &oci_spec::runtime::Spec,
+        runtime: &RuntimeConfig,
+        snapshotter: &str,
+    ) -> Result<(), Status> {
+        let id = metadata.id.as_str();
+        let lease = format!("crius-sandbox-{id}");
+        self.containerd
+            .create_lease(&lease, Duration::from_secs(3600))
+            .await
+            .map_err(internal)?;
+        let created = async {
+            self.containerd
+                .prepare_snapshot(
+                    snapshotter,
+                    id,
+                    &image.chain_id,
+                    HashMap::new(),
+                    Some(&lease),
+                )
+                .await
+                .map_err(|e| Status::internal(format!("preparing the sandbox rootfs: {e}")))?;
+            {
+                let (service, id, snapshotter) =
+                    (self.clone(), id.to_string(), snapshotter.to_string());
+                undo.push("remove sandbox snapshot", async move {
+                    let _ = service.containerd.remove_snapshot(&snapshotter, &id).await;
+                });
+            }
+            let mut labels = metadata.config.labels.clone();
+            labels.insert(KIND_LABEL.to_string(), KIND_SANDBOX.to_string());
+            let container = Container {
+                id: id.to_string(),
+                labels,
+                image: self.sandbox_image.clone(),
+                runtime: crate::containerd::tasks::runtime(
+                    &runtime.runtime_type,
+                    runtime_options(runtime),
+                ),
+                spec: Some(oci::to_any(spec).map_err(internal)?),
+                snapshotter: snapshotter.to_string(),
+                snapshot_key: id.to_string(),
+                extensions: metadata_extension(metadata)?,
+                ..Default::default()
+            };
+            self.containerd
+                .create_container(container, Some(&lease))
+                .await
+                .map_err(|e| Status::internal(format!("creating the sandbox container: {e}")))?;
+            let (service, id) = (self.clone(), id.to_string());
+            undo.push("delete sandbox container", async move {
+                let _ = service.containerd.delete_container(&id).await;
+            });
+            Ok::<(), Status>(())
+        }
+        .await;
+        if let Err(e) = self.containerd.delete_lease(&lease, false).await {
+            tracing::warn!(%lease, error = %e, "failed to delete sandbox lease; it expires by itself");
+        }
+        created
+    }
+
+    /// CNI ADD, then the IPs and results are written to the store and containerd at once.
+    async fn setup_sandbox_network(
+        &self,
+        undo: &mut Undo,
+        sandbox: &Arc<Sandbox>,
+        config: &PodSandboxConfig,
+    ) -> Result<(), Status> {
+        let metadata = sandbox.metadata();
+        let pod = pod_ref(&metadata);
+        let attachments = self
+            .cni_network
+            .setup(&pod, &capability_args(config))
+            .await
+            .map_err(|e| {
+                Status::internal(format!(
+                    "failed to set up the network of sandbox {}: {e}",
+                    metadata.id
+                ))
+            })?;
+        {
+            let service = self.clone();
+            undo.push("tear down sandbox network", async move {
+                if let Err(e) = service.cni_network.teardown(&pod).await {
+                    tracing::warn!(sandbox = %pod.id, error = %e, "undo: CNI teardown failed");
+                }
+            });
+        }
+        let ips = match attachments.first() {
+            Some(first) => CniResult::parse(&first.result)
+                .map_err(internal)?
+                .pod_ips(&first.ifname),
+            None => Vec::new(),
+        };
+        let updated = sandbox.update_metadata(|m| {
+            m.ips = ips;
+            m.networks = attachments;
+        });
+        self.containerd
+            .update_container_extensions(&updated.id, metadata_extension(&updated)?)
+            .await
+            .map_err(|e| Status::internal(format!("recording the sandbox network: {e}")))?;
+        Ok(())
+    }
+
+    /// The sandbox image from the store; imported (built-in) or pulled when missing.
+    pub(crate) async fn ensure_sandbox_image(&self) -> Result<Image, Status> {
+        if let Some(image) = self.images.resolve(&self.sandbox_image) {
+            return Ok(image);
+        }
+        let image = if self.config.image.sandbox_image.is_empty() {
+            crate::image::builtin::ensure_pause_image(
+                &self.containerd,
+                &self.config.containerd.snapshotter,
+            )
+            .await
+            .map_err(|e| Status::internal(format!("importing the built-in pause image: {e}")))?
+        } else {
+            let reference = crate::image::reference::Reference::parse(&self.sandbox_image)
+                .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            self.puller
+                .pull(&reference, None)
+                .await
+                .map_err(|f| Status::new(f.code, format!("sandbox image: {}", f.message)))?
+        };
+        self.images.add(image.clone());
+        Ok(image)
+    }
+}
+
+/// The runc shim options of a runtime handler, for runc-type runtimes.
+fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::Any> {
+    if !RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str()) {
+        return None;
+    }
+    let o = &runtime.options;
+    let options = crate::protos::runc::Options {
+        no_pivot_root: o.no_pivot_root,
+        no_new_keyring: o.no_new_keyring,
+        shim_cgroup: o.shim_cgroup.clone(),
+        io_uid: o.io_uid,
+        io_gid: o.io_gid,
+        binary_name: o.binary_name.clone(),
+        root: o.root.clone(),
+        systemd_cgroup: o.systemd_cgroup,
+        criu_image_path: o.criu_image_path.clone(),
+        criu_work_path: o.criu_work_path.clone(),
+    };
+    Some(containerd_client::to_any(&options))
+}

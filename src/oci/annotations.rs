@@ -1,0 +1,12 @@
+//! The OCI annotations containerd's CRI puts on specs; shim and runtime tooling key on them.
+
+pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub const CONTAINER_TYPE_SANDBOX: &str = "sandbox";
+pub const CONTAINER_TYPE_CONTAINER: &str = "container";
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+pub const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+pub const SANDBOX_LOG_DIRECTORY: &str = "io.kubernetes.cri.sandbox-log-directory";
+pub const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+pub const IMAGE_NAME: &str = "io.kubernetes.cri.image-name";

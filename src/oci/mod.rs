@@ -1,0 +1,536 @@
+//! OCI runtime specs for sandboxes (and, as they land, containers), built the way
+//! containerd's CRI builds them: containerd's default Linux spec, then the CRI config on top.
+//!
+//! Nothing here touches the filesystem or containerd: inputs in, a `Spec` out.
+
+pub mod annotations;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use k8s_cri::v1::{NamespaceMode, PodSandboxConfig};
+use oci_spec::runtime::{
+    Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
+    LinuxDeviceCgroupBuilder, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder,
+    Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+};
+
+use crate::image::manifest::RunConfig;
+
+/// The type URL containerd stores runtime specs under.
+pub const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
+/// The runtime spec version crius writes.
+pub const OCI_VERSION: &str = "1.0.2-dev";
+/// The OOM score adjustment kubelet gives pod sandboxes.
+pub const SANDBOX_OOM_SCORE_ADJ: i32 = -998;
+/// CPU shares of the pause container (containerd's default).
+const SANDBOX_CPU_SHARES: u64 = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("building the runtime spec: {0}")]
+    Oci(#[from] oci_spec::OciSpecError),
+}
+
+/// containerd's default capability set.
+pub fn default_capabilities() -> Capabilities {
+    [
+        Capability::Chown,
+        Capability::DacOverride,
+        Capability::Fsetid,
+        Capability::Fowner,
+        Capability::Mknod,
+        Capability::NetRaw,
+        Capability::Setgid,
+        Capability::Setuid,
+        Capability::Setfcap,
+        Capability::Setpcap,
+        Capability::NetBindService,
+        Capability::SysChroot,
+        Capability::Kill,
+        Capability::AuditWrite,
+    ]
+    .into_iter()
+    .collect()
+}
+
+fn mount(destination: &str, typ: &str, source: &str, options: &[&str]) -> Result<Mount, SpecError> {
+    Ok(MountBuilder::default()
+        .destination(PathBuf::from(destination))
+        .typ(typ)
+        .source(PathBuf::from(source))
+        .options(options.iter().map(|o| o.to_string()).collect::<Vec<_>>())
+        .build()?)
+}
+
+/// containerd's default mounts, without `/run` (CRI drops it).
+fn default_mounts() -> Result<Vec<Mount>, SpecError> {
+    Ok(vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        )?,
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        )?,
+        mount(
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        )?,
+        mount(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        )?,
+        mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        )?,
+    ])
+}
+
+const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+];
+
+const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The cgroup path for `id` under `parent`: `parent/id` for cgroupfs, `slice:cri-containerd:id`
+/// for systemd. An empty parent gives containerd's default, `/<namespace>/<id>`.
+pub fn cgroups_path(parent: &str, id: &str, namespace: &str, systemd: bool) -> String {
+    if parent.is_empty() {
+        return format!("/{namespace}/{id}");
+    }
+    if systemd {
+        let slice = parent.rsplit('/').next().unwrap_or(parent);
+        format!("{slice}:cri-containerd:{id}")
+    } else {
+        format!("{}/{id}", parent.trim_end_matches('/'))
+    }
+}
+
+/// Everything the pause container's spec is made from.
+pub struct SandboxSpecInput<'a> {
+    pub id: &'a str,
+    pub namespace: &'a str,
+    pub config: &'a PodSandboxConfig,
+    pub image: &'a RunConfig,
+    /// The pod's pinned netns; `None` when the pod uses the host's network.
+    pub netns_path: Option<&'a str>,
+    /// The pod's /dev/shm (the host's when the pod uses the host's IPC).
+    pub shm_path: &'a str,
+    pub resolv_conf_path: &'a str,
+    /// Already clamped to what crius may set.
+    pub oom_score_adj: i32,
+    pub systemd_cgroup: bool,
+    /// Pod annotations the runtime handler passes through.
+    pub passthrough_annotations: HashMap<String, String>,
+}
+
+/// The pause container's spec.
+pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
+    let config = input.config;
+    let metadata = config.metadata.clone().unwrap_or_default();
+    let linux = config.linux.clone().unwrap_or_default();
+    let security = linux.security_context.clone().unwrap_or_default();
+    let ns = security.namespace_options.clone().unwrap_or_default();
+
+    let mut args: Vec<String> = input.image.entrypoint.clone().unwrap_or_default();
+    args.extend(input.image.cmd.clone().unwrap_or_default());
+    if args.is_empty() {
+        return Err(SpecError::Invalid(
+            "the sandbox image has neither an entrypoint nor a command".to_string(),
+        ));
+    }
+    let (uid, gid) = user_ids(
+        security.run_as_user.as_ref().map(|v| v.value),
+        security.run_as_group.as_ref().map(|v| v.value),
+    )?;
+    let additional_gids: Vec<u32> = security
+        .supplemental_groups
+        .iter()
+        .filter_map(|g| u32::try_from(*g).ok())
+        .collect();
+    let caps = default_capabilities();
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(
+            UserBuilder::default()
+                .uid(uid)
+                .gid(gid)
+                .additional_gids(additional_gids)
+                .build()?,
+        )
+        .args(args)
+        .env(input.image.env.clone().unwrap_or_default())
+        .cwd(if input.image.working_dir.is_empty() {
+            "/".to_string()
+        } else {
+            input.image.working_dir.clone()
+        })
+        .capabilities(
+            LinuxCapabilitiesBuilder::default()
+                .bounding(caps.clone())
+                .effective(caps.clone())
+                .permitted(caps.clone())
+                .inheritable(Capabilities::new())
+                .ambient(Capabilities::new())
+                .build()?,
+        )
+        .no_new_privileges(true)
+        .oom_score_adj(input.oom_score_adj)
+        .build()?;
+
+    let host_network = ns.network == NamespaceMode::Node as i32;
+    let mut namespaces = vec![
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::Mount)
+            .build()?,
+    ];
+    if ns.pid != NamespaceMode::Node as i32 {
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Pid)
+                .build()?,
+        );
+    }
+    if ns.ipc != NamespaceMode::Node as i32 {
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Ipc)
+                .build()?,
+        );
+    }
+    if let (false, Some(path)) = (host_network, input.netns_path) {
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Network)
+                .path(PathBuf::from(path))
+                .build()?,
+        );
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Uts)
+                .build()?,
+        );
+    }
+
+    let mut mounts = default_mounts()?;
+    mounts.retain(|m| m.destination() != &PathBuf::from("/dev/shm"));
+    mounts.push(mount(
+        "/dev/shm",
+        "bind",
+        input.shm_path,
+        &["rbind", "ro", "nosuid", "nodev", "noexec"],
+    )?);
+    mounts.push(mount(
+        "/etc/resolv.conf",
+        "bind",
+        input.resolv_conf_path,
+        &["rbind", "ro"],
+    )?);
+
+    let resources = LinuxResourcesBuilder::default()
+        .devices(vec![
+            LinuxDeviceCgroupBuilder::default()
+                .allow(false)
+                .access("rwm")
+                .build()?,
+        ])
+        .cpu(
+            LinuxCpuBuilder::default()
+                .shares(SANDBOX_CPU_SHARES)
+                .build()?,
+        )
+        .build()?;
+    let linux_spec = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .cgroups_path(PathBuf::from(cgroups_path(
+            &linux.cgroup_parent,
+            input.id,
+            input.namespace,
+            input.systemd_cgroup,
+        )))
+        .resources(resources)
+        .sysctl(linux.sysctls.clone())
+        .masked_paths(
+            MASKED_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .readonly_paths(
+            READONLY_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .build()?;
+
+    let mut spec_annotations = input.passthrough_annotations.clone();
+    spec_annotations.extend([
+        (
+            annotations::CONTAINER_TYPE.to_string(),
+            annotations::CONTAINER_TYPE_SANDBOX.to_string(),
+        ),
+        (annotations::SANDBOX_ID.to_string(), input.id.to_string()),
+        (annotations::SANDBOX_NAME.to_string(), metadata.name.clone()),
+        (
+            annotations::SANDBOX_NAMESPACE.to_string(),
+            metadata.namespace.clone(),
+        ),
+        (annotations::SANDBOX_UID.to_string(), metadata.uid.clone()),
+        (
+            annotations::SANDBOX_LOG_DIRECTORY.to_string(),
+            config.log_directory.clone(),
+        ),
+    ]);
+
+    let mut builder = SpecBuilder::default()
+        .version(OCI_VERSION)
+        .root(
+            RootBuilder::default()
+                .path(PathBuf::from("rootfs"))
+                .readonly(true)
+                .build()?,
+        )
+        .process(process)
+        .mounts(mounts)
+        .linux(linux_spec)
+        .annotations(spec_annotations);
+    if !host_network && !config.hostname.is_empty() {
+        builder = builder.hostname(config.hostname.clone());
+    }
+    let mut spec = builder.build()?;
+    if host_network || config.hostname.is_empty() {
+        // The builder's default is a made-up name; the host's own applies instead.
+        spec.set_hostname(None);
+    }
+    Ok(spec)
+}
+
+/// The uid and gid a process runs as; a group without a user is an error, as in the CRI.
+pub fn user_ids(
+    run_as_user: Option<i64>,
+    run_as_group: Option<i64>,
+) -> Result<(u32, u32), SpecError> {
+    let to_id = |v: i64, what: &str| {
+        u32::try_from(v).map_err(|_| SpecError::Invalid(format!("{what} {v} is out of range")))
+    };
+    match (run_as_user, run_as_group) {
+        (None, Some(_)) => Err(SpecError::Invalid(
+            "run_as_group is set without run_as_user".to_string(),
+        )),
+        (None, None) => Ok((0, 0)),
+        (Some(uid), None) => Ok((to_id(uid, "run_as_user")?, 0)),
+        (Some(uid), Some(gid)) => Ok((to_id(uid, "run_as_user")?, to_id(gid, "run_as_group")?)),
+    }
+}
+
+/// Encodes a spec for a containerd container record.
+pub fn to_any(spec: &Spec) -> Result<prost_types::Any, SpecError> {
+    let value = serde_json::to_vec(spec)
+        .map_err(|e| SpecError::Invalid(format!("serializing the runtime spec: {e}")))?;
+    Ok(prost_types::Any {
+        type_url: SPEC_TYPE_URL.to_string(),
+        value,
+    })
+}
+
+/// The pod annotations whose keys match one of `patterns` (`*` is a wildcard).
+pub fn passthrough_annotations(
+    annotations: &HashMap<String, String>,
+    patterns: &[String],
+) -> HashMap<String, String> {
+    annotations
+        .iter()
+        .filter(|(key, _)| patterns.iter().any(|p| glob_match(p, key)))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn glob_match(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((prefix, rest)) => {
+            text.starts_with(prefix)
+                && (0..=text.len() - prefix.len())
+                    .any(|i| glob_match(rest, &text[prefix.len() + i..]))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_cri::v1::{
+        Int64Value, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceOption,
+        PodSandboxMetadata,
+    };
+
+    fn pod(host_network: bool) -> PodSandboxConfig {
+        PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: "web".into(),
+                namespace: "default".into(),
+                uid: "uid-1".into(),
+                attempt: 0,
+            }),
+            hostname: "web-host".into(),
+            log_directory: "/var/log/pods/x".into(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: "/kubepods/pod1".into(),
+                sysctls: [("net.ipv4.ip_forward".to_string(), "1".to_string())].into(),
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: if host_network {
+                            NamespaceMode::Node as i32
+                        } else {
+                            NamespaceMode::Pod as i32
+                        },
+                        ..Default::default()
+                    }),
+                    run_as_user: Some(Int64Value { value: 65535 }),
+                    supplemental_groups: vec![5],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn input<'a>(config: &'a PodSandboxConfig, image: &'a RunConfig) -> SandboxSpecInput<'a> {
+        SandboxSpecInput {
+            id: "abc",
+            namespace: "k8s.io",
+            config,
+            image,
+            netns_path: Some("/var/run/netns/cni-1"),
+            shm_path: "/run/crius/sandboxes/abc/shm",
+            resolv_conf_path: "/var/lib/crius/sandboxes/abc/resolv.conf",
+            oom_score_adj: -998,
+            systemd_cgroup: false,
+            passthrough_annotations: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn pause_spec_has_the_pod_namespaces_mounts_and_annotations() {
+        let config = pod(false);
+        let image = RunConfig {
+            entrypoint: Some(vec!["/pause".into()]),
+            ..Default::default()
+        };
+        let spec = sandbox_spec(&input(&config, &image)).unwrap();
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["process"]["args"], serde_json::json!(["/pause"]));
+        assert_eq!(json["process"]["user"]["uid"], 65535);
+        assert_eq!(
+            json["process"]["user"]["additionalGids"],
+            serde_json::json!([5])
+        );
+        assert_eq!(json["process"]["oomScoreAdj"], -998);
+        assert_eq!(json["hostname"], "web-host");
+        assert_eq!(json["root"]["readonly"], true);
+        assert_eq!(json["linux"]["cgroupsPath"], "/kubepods/pod1/abc");
+        assert_eq!(json["linux"]["resources"]["cpu"]["shares"], 2);
+        assert_eq!(json["linux"]["sysctl"]["net.ipv4.ip_forward"], "1");
+        let namespaces = json["linux"]["namespaces"].as_array().unwrap();
+        assert!(
+            namespaces
+                .iter()
+                .any(|n| n["type"] == "network" && n["path"] == "/var/run/netns/cni-1")
+        );
+        assert!(namespaces.iter().any(|n| n["type"] == "uts"));
+        let shm = json["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["destination"] == "/dev/shm")
+            .collect::<Vec<_>>();
+        assert_eq!(shm.len(), 1);
+        assert_eq!(shm[0]["source"], "/run/crius/sandboxes/abc/shm");
+        assert_eq!(
+            json["annotations"]["io.kubernetes.cri.container-type"],
+            "sandbox"
+        );
+        assert_eq!(
+            json["annotations"]["io.kubernetes.cri.sandbox-namespace"],
+            "default"
+        );
+    }
+
+    #[test]
+    fn host_network_drops_network_and_uts_namespaces_and_hostname() {
+        let config = pod(true);
+        let image = RunConfig {
+            cmd: Some(vec!["/pause".into()]),
+            ..Default::default()
+        };
+        let mut inp = input(&config, &image);
+        inp.netns_path = None;
+        let json = serde_json::to_value(sandbox_spec(&inp).unwrap()).unwrap();
+        let namespaces = json["linux"]["namespaces"].as_array().unwrap();
+        assert!(
+            !namespaces
+                .iter()
+                .any(|n| n["type"] == "network" || n["type"] == "uts")
+        );
+        assert!(json.get("hostname").is_none());
+    }
+
+    #[test]
+    fn users_groups_and_globs() {
+        assert!(user_ids(None, Some(5)).is_err());
+        assert_eq!(user_ids(Some(1000), Some(2000)).unwrap(), (1000, 2000));
+        assert!(user_ids(Some(-1), None).is_err());
+        assert!(glob_match(
+            "io.katacontainers.*",
+            "io.katacontainers.config"
+        ));
+        assert!(glob_match("*", "anything"));
+        assert!(!glob_match("a.*.c", "a.b.d"));
+        assert!(glob_match("a.*.c", "a.b.c"));
+        assert_eq!(cgroups_path("", "id", "k8s.io", false), "/k8s.io/id");
+        assert_eq!(
+            cgroups_path("kubepods-pod1.slice", "id", "k8s.io", true),
+            "kubepods-pod1.slice:cri-containerd:id"
+        );
+    }
+}

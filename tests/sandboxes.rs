@@ -1,0 +1,568 @@
+//! Pod sandboxes against the real containerd, runc and Debian's CNI plugins: networking,
+//! host network, port mappings, stop/remove idempotence, names, failure clean-up, the
+//! built-in pause image and concurrency.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Crius, TestNetwork, pod_config};
+use crius::client::CriClient;
+use k8s_cri::v1::{
+    DnsConfig, ImageSpec, ImageStatusRequest, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
+    ListPodSandboxRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxFilter,
+    PodSandboxState, PodSandboxStateValue, PodSandboxStatusRequest, PortMapping,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
+};
+
+async fn run(client: &mut CriClient, config: PodSandboxConfig) -> Result<String, tonic::Status> {
+    client
+        .runtime
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        })
+        .await
+        .map(|r| r.into_inner().pod_sandbox_id)
+}
+
+async fn stop(client: &mut CriClient, id: &str) {
+    client
+        .runtime
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        })
+        .await
+        .expect("stop pod sandbox");
+}
+
+async fn remove(client: &mut CriClient, id: &str) {
+    client
+        .runtime
+        .remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        })
+        .await
+        .expect("remove pod sandbox");
+}
+
+/// Status and the verbose info.
+async fn sandbox_status(
+    client: &mut CriClient,
+    id: &str,
+) -> (k8s_cri::v1::PodSandboxStatus, serde_json::Value) {
+    let resp = client
+        .runtime
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_string(),
+            verbose: true,
+        })
+        .await
+        .expect("pod sandbox status")
+        .into_inner();
+    let info = serde_json::from_str(&resp.info["info"]).expect("info JSON");
+    (resp.status.expect("status"), info)
+}
+
+fn with_namespaces(mut config: PodSandboxConfig, options: NamespaceOption) -> PodSandboxConfig {
+    config.linux = Some(LinuxPodSandboxConfig {
+        security_context: Some(LinuxSandboxSecurityContext {
+            namespace_options: Some(options),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    config
+}
+
+fn host_network(config: PodSandboxConfig) -> PodSandboxConfig {
+    with_namespaces(
+        config,
+        NamespaceOption {
+            network: NamespaceMode::Node as i32,
+            ..Default::default()
+        },
+    )
+}
+
+fn sh(command: &str) -> (bool, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .output()
+        .expect("run sh");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Everything a removed (or never created, when `id` is empty) sandbox must not leave.
+fn assert_no_trace(crius: &Crius, id: &str, netns: &str, network: &TestNetwork) {
+    if !netns.is_empty() {
+        assert!(!Path::new(netns).exists(), "netns {netns} left behind");
+    }
+    if id.is_empty() {
+        assert_eq!(
+            crius.ctr(&["containers", "ls", "-q"]).trim(),
+            "",
+            "containers left"
+        );
+        assert_eq!(crius.ctr(&["tasks", "ls", "-q"]).trim(), "", "tasks left");
+        let snapshots = crius.ctr(&["snapshots", "ls"]);
+        assert!(
+            !snapshots.contains("Active"),
+            "active snapshots left: {snapshots}"
+        );
+        for dir in [
+            crius.config.root.join("sandboxes"),
+            crius.config.state.join("sandboxes"),
+        ] {
+            let left = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+            assert_eq!(left, 0, "{} not empty", dir.display());
+        }
+    } else {
+        let containers = crius.ctr(&["containers", "ls", "-q"]);
+        assert!(
+            !containers.contains(id),
+            "containerd container left: {containers}"
+        );
+        let tasks = crius.ctr(&["tasks", "ls"]);
+        assert!(!tasks.contains(id), "task left: {tasks}");
+        let snapshots = crius.ctr(&["snapshots", "ls"]);
+        assert!(!snapshots.contains(id), "snapshot left: {snapshots}");
+        for dir in [
+            crius.config.root.join("sandboxes").join(id),
+            crius.config.state.join("sandboxes").join(id),
+        ] {
+            assert!(!dir.exists(), "{} left behind", dir.display());
+        }
+    }
+    let reserved = network.reserved_ips();
+    assert!(reserved.is_empty(), "IPs still reserved: {reserved:?}");
+    let cache: Vec<PathBuf> = std::fs::read_dir(crius.config.cni.cache_dir.join("results"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        id.is_empty() && cache.is_empty()
+            || !id.is_empty() && cache.iter().all(|p| !p.display().to_string().contains(id)),
+        "CNI cache left: {cache:?}"
+    );
+    let leases = crius.ctr(&["leases", "ls", "-q"]);
+    assert_eq!(leases.trim(), "", "leases left");
+}
+
+#[tokio::test]
+async fn a_pod_gets_an_ip_that_answers_ping_loopback_and_its_files() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 88)), &[]).await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let mut config = pod_config("web");
+    config.hostname = "web-host".into();
+    config.dns_config = Some(DnsConfig {
+        servers: vec!["10.0.0.10".into()],
+        searches: vec!["default.svc.cluster.local".into()],
+        options: vec!["ndots:5".into()],
+    });
+    let id = run(&mut client, config).await.expect("run pod");
+
+    let (status, info) = sandbox_status(&mut client, &id).await;
+    assert_eq!(status.state, PodSandboxState::SandboxReady as i32);
+    let ip = status.network.unwrap().ip;
+    assert!(ip.starts_with("10.88."), "{ip}");
+    let (ok, out) = sh(&format!("ping -c 1 -W 2 {ip}"));
+    assert!(ok, "ping {ip}: {out}");
+
+    let netns = info["netNamespace"].as_str().unwrap().to_string();
+    assert!(netns.starts_with("/var/run/netns/cni-"), "{netns}");
+    let ns_name = Path::new(&netns)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let (ok, out) = sh(&format!("ip netns exec {ns_name} ip -o link show lo"));
+    assert!(ok && out.contains("UP"), "lo: {out}");
+    let pid = info["pid"].as_u64().unwrap();
+    let (ok, out) = sh(&format!("nsenter --target {pid} --uts hostname"));
+    assert!(ok && out.trim() == "web-host", "hostname: {out}");
+
+    let dir = crius.config.root.join("sandboxes").join(&id);
+    let resolv = std::fs::read_to_string(dir.join("resolv.conf")).unwrap();
+    assert_eq!(
+        resolv,
+        "nameserver 10.0.0.10\nsearch default.svc.cluster.local\noptions ndots:5\n"
+    );
+    assert!(
+        std::fs::read_to_string(dir.join("hosts"))
+            .unwrap()
+            .contains("127.0.0.1\tlocalhost")
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("hostname")).unwrap(),
+        "web-host\n"
+    );
+    // The pause container sees the pod's resolv.conf.
+    let (ok, out) = sh(&format!("cat /proc/{pid}/root/etc/resolv.conf"));
+    assert!(ok && out.contains("nameserver 10.0.0.10"), "{out}");
+
+    // containerd sees it as a CRI sandbox.
+    let record = crius.ctr(&["containers", "info", &id]);
+    assert!(
+        record.contains("\"io.cri-containerd.kind\": \"sandbox\""),
+        "{record}"
+    );
+    assert_eq!(network.reserved_ips(), vec![ip.clone()]);
+
+    stop(&mut client, &id).await;
+    remove(&mut client, &id).await;
+    assert_no_trace(&crius, &id, &netns, &network);
+}
+
+#[tokio::test]
+async fn a_host_network_pod_has_no_netns_and_sees_the_host_network() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 89)), &[]).await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let id = run(&mut client, host_network(pod_config("hostnet")))
+        .await
+        .expect("run");
+    let (status, info) = sandbox_status(&mut client, &id).await;
+    assert_eq!(status.state, PodSandboxState::SandboxReady as i32);
+    assert_eq!(status.network.unwrap().ip, "");
+    assert_eq!(info["netNamespace"], "");
+    let pid = info["pid"].as_u64().unwrap();
+    let pod_net = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    let host_net = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_eq!(pod_net, host_net);
+    assert!(network.reserved_ips().is_empty());
+    remove(&mut client, &id).await;
+    assert_no_trace(&crius, &id, "", &network);
+}
+
+#[tokio::test]
+async fn port_mappings_are_installed_and_removed_on_stop() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 90)), &[]).await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let mut config = pod_config("ports");
+    config.port_mappings = vec![PortMapping {
+        protocol: k8s_cri::v1::Protocol::Tcp as i32,
+        container_port: 80,
+        host_port: 18090,
+        host_ip: String::new(),
+    }];
+    let id = run(&mut client, config).await.expect("run");
+    let (status, _) = sandbox_status(&mut client, &id).await;
+    let ip = status.network.unwrap().ip;
+    let (_, rules) = sh("iptables-save -t nat");
+    assert!(
+        rules.contains("--dport 18090") && rules.contains(&format!("{ip}:80")),
+        "{rules}"
+    );
+
+    stop(&mut client, &id).await;
+    let (_, rules) = sh("iptables-save -t nat");
+    assert!(
+        !rules.contains("--dport 18090"),
+        "port mapping left: {rules}"
+    );
+    assert!(
+        network.reserved_ips().is_empty(),
+        "IP still reserved after stop"
+    );
+    // Stopped sandboxes keep reporting the IP they had, as containerd's do.
+    let (status, info) = sandbox_status(&mut client, &id).await;
+    assert_eq!(status.state, PodSandboxState::SandboxNotready as i32);
+    assert_eq!(info["netNamespaceClosed"], true);
+    remove(&mut client, &id).await;
+}
+
+#[tokio::test]
+async fn stop_and_remove_are_idempotent_and_leave_nothing() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 91)), &[]).await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+
+    let id = run(&mut client, pod_config("twice")).await.unwrap();
+    let (_, info) = sandbox_status(&mut client, &id).await;
+    let netns = info["netNamespace"].as_str().unwrap().to_string();
+    stop(&mut client, &id).await;
+    stop(&mut client, &id).await;
+    remove(&mut client, &id).await;
+    remove(&mut client, &id).await;
+    assert_no_trace(&crius, &id, &netns, &network);
+
+    // Remove without Stop, and the name is free again.
+    let id = run(&mut client, pod_config("twice"))
+        .await
+        .expect("name reusable");
+    let (_, info) = sandbox_status(&mut client, &id).await;
+    let netns = info["netNamespace"].as_str().unwrap().to_string();
+    remove(&mut client, &id).await;
+    assert_no_trace(&crius, &id, &netns, &network);
+
+    // Unknown IDs: Stop is NOT_FOUND, Remove succeeds.
+    let err = client
+        .runtime
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: "nosuchsandbox".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    remove(&mut client, "nosuchsandbox").await;
+}
+
+#[tokio::test]
+async fn the_same_name_twice_is_already_exists_until_removed() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 92)), &[]).await;
+    let _network = network.unwrap();
+    let mut client = crius.client().await;
+    let id = run(&mut client, pod_config("dup")).await.unwrap();
+    let err = run(&mut client, pod_config("dup")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    assert!(err.message().contains(&id), "{}", err.message());
+    remove(&mut client, &id).await;
+    let again = run(&mut client, pod_config("dup"))
+        .await
+        .expect("reusable after remove");
+    remove(&mut client, &again).await;
+}
+
+#[tokio::test]
+async fn a_failure_after_cni_add_leaves_nothing_behind() {
+    let mut network = None;
+    let crius = Crius::start_with(
+        |c| network = Some(TestNetwork::install(c, 93)),
+        &[("CRIUS_FAILPOINTS", "sandbox_after_cni=error")],
+    )
+    .await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let err = run(&mut client, pod_config("fails")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Internal);
+    let ids: Vec<String> = crius
+        .ctr(&["containers", "ls", "-q"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(ids.is_empty(), "{ids:?}");
+    assert_no_trace(&crius, "", "", &network);
+    // The name was released: the retry fails on the failpoint again, not on the name.
+    let err = run(&mut client, pod_config("fails")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+}
+
+#[tokio::test]
+async fn a_runtime_that_cannot_start_the_task_leaves_nothing_behind() {
+    let mut network = None;
+    let crius = Crius::start_with(
+        |c| {
+            network = Some(TestNetwork::install(c, 94));
+            if let Some(runc) = c.containerd.runtimes.get_mut("runc") {
+                runc.options.binary_name = "/nonexistent/runc".into();
+            }
+        },
+        &[],
+    )
+    .await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let err = run(&mut client, pod_config("badruntime"))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("sandbox task"), "{}", err.message());
+    assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
+    assert_no_trace(&crius, "", "", &network);
+}
+
+#[tokio::test]
+async fn without_cni_config_only_host_network_pods_run() {
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let err = run(&mut client, pod_config("nonet")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("NetworkPluginNotReady"),
+        "{}",
+        err.message()
+    );
+    let id = run(&mut client, host_network(pod_config("nonet")))
+        .await
+        .expect("host network pod");
+    remove(&mut client, &id).await;
+}
+
+#[tokio::test]
+async fn the_built_in_pause_image_is_imported_and_pinned() {
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let name = format!("crius.local/pause:{}", env!("CARGO_PKG_VERSION"));
+    let image = client
+        .image
+        .image_status(ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: name.clone(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image
+        .expect("the pause image is there at start-up");
+    assert!(image.pinned);
+    assert!(crius.ctr(&["images", "ls", "-q"]).contains(&name));
+}
+
+#[tokio::test]
+async fn list_filters_by_id_prefix_state_and_labels() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 95)), &[]).await;
+    let _network = network.unwrap();
+    let mut client = crius.client().await;
+    let mut a = pod_config("list-a");
+    a.labels = HashMap::from([("app".to_string(), "a".to_string())]);
+    let mut b = pod_config("list-b");
+    b.labels = HashMap::from([("app".to_string(), "b".to_string())]);
+    let id_a = run(&mut client, a).await.unwrap();
+    let id_b = run(&mut client, b).await.unwrap();
+    stop(&mut client, &id_b).await;
+
+    let list = |filter: PodSandboxFilter| {
+        let mut client = client.clone();
+        async move {
+            let mut ids: Vec<String> = client
+                .runtime
+                .list_pod_sandbox(ListPodSandboxRequest {
+                    filter: Some(filter),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .items
+                .into_iter()
+                .map(|p| p.id)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let mut both = vec![id_a.clone(), id_b.clone()];
+    both.sort();
+    assert_eq!(list(PodSandboxFilter::default()).await, both);
+    assert_eq!(
+        list(PodSandboxFilter {
+            id: id_a[..12].to_string(),
+            ..Default::default()
+        })
+        .await,
+        vec![id_a.clone()]
+    );
+    assert_eq!(
+        list(PodSandboxFilter {
+            state: Some(PodSandboxStateValue {
+                state: PodSandboxState::SandboxReady as i32
+            }),
+            ..Default::default()
+        })
+        .await,
+        vec![id_a.clone()]
+    );
+    assert_eq!(
+        list(PodSandboxFilter {
+            label_selector: HashMap::from([("app".to_string(), "b".to_string())]),
+            ..Default::default()
+        })
+        .await,
+        vec![id_b.clone()]
+    );
+    // Status by unique prefix too.
+    let (status, _) = sandbox_status(&mut client, &id_b[..10]).await;
+    assert_eq!(status.id, id_b);
+    remove(&mut client, &id_a).await;
+    remove(&mut client, &id_b).await;
+}
+
+#[tokio::test]
+async fn sandboxes_survive_a_crius_restart() {
+    let mut network = None;
+    let mut crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 96)), &[]).await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let id = run(&mut client, pod_config("restart")).await.unwrap();
+    let (before, _) = sandbox_status(&mut client, &id).await;
+
+    crius.restart().await;
+    let mut client = crius.client().await;
+    let (after, info) = sandbox_status(&mut client, &id).await;
+    assert_eq!(after, before);
+    let netns = info["netNamespace"].as_str().unwrap().to_string();
+    let err = run(&mut client, pod_config("restart")).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        tonic::Code::AlreadyExists,
+        "the name is still reserved"
+    );
+    remove(&mut client, &id).await;
+    assert_no_trace(&crius, &id, &netns, &network);
+}
+
+#[tokio::test]
+async fn twenty_pods_run_and_are_removed_concurrently() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 97)), &[]).await;
+    let network = network.unwrap();
+    let client = crius.client().await;
+    let runs: Vec<_> = (0..20)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move { run(&mut client, pod_config(&format!("many-{i}"))).await })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for r in runs {
+        ids.push(r.await.unwrap().expect("run"));
+    }
+    assert_eq!(network.reserved_ips().len(), 20);
+    let mut netns = Vec::new();
+    for id in &ids {
+        let (_, info) = sandbox_status(&mut client.clone(), id).await;
+        netns.push(info["netNamespace"].as_str().unwrap().to_string());
+    }
+    let removes: Vec<_> = ids
+        .iter()
+        .cloned()
+        .map(|id| {
+            let mut client = client.clone();
+            tokio::spawn(async move { remove(&mut client, &id).await })
+        })
+        .collect();
+    for r in removes {
+        r.await.unwrap();
+    }
+    for (id, netns) in ids.iter().zip(&netns) {
+        assert_no_trace(&crius, id, netns, &network);
+    }
+    let mut client = client.clone();
+    let left = client
+        .runtime
+        .list_pod_sandbox(ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(left.is_empty());
+}
