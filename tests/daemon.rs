@@ -336,11 +336,11 @@ async fn rpcs_not_built_answer_unimplemented() {
         .client()
         .await
         .runtime
-        .run_pod_sandbox(RunPodSandboxRequest::default())
+        .checkpoint_container(k8s_cri::v1::CheckpointContainerRequest::default())
         .await
         .expect_err("not built");
     assert_eq!(err.code(), tonic::Code::Unimplemented);
-    assert!(err.message().contains("RunPodSandbox"));
+    assert!(err.message().contains("CheckpointContainer"));
 }
 
 #[tokio::test]
