@@ -195,6 +195,8 @@ images_up() {
   push_busybox_image busybox:latest --config.cmd sh
   push_busybox_image busybox-user:1000 --config.cmd sh --config.user 1000
   push_busybox_image busybox-user:nobody --config.cmd sh --config.user nobody
+  push_busybox_image busybox-entry:latest --config.entrypoint /bin/echo --config.cmd image-cmd \
+    --config.stopsignal SIGUSR1
   push_multiarch_image
   skopeo copy --quiet --dest-tls-verify=false --dest-creds "$AUTH_USER:$AUTH_PASSWORD" \
     "oci:$LAYOUT:busybox:latest" "docker://$AUTH_REGISTRY_ADDR/private/busybox:latest"

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use containerd_client::events::TaskExit;
+use containerd_client::events::{TaskExit, TaskOom};
 use containerd_client::services::v1::{ImageCreate, ImageDelete, ImageUpdate, SubscribeRequest};
 use containerd_client::types::Envelope;
 
@@ -36,6 +36,8 @@ pub struct TaskExitEvent {
 #[async_trait::async_trait]
 pub trait TaskExitHandler: Send + Sync {
     async fn task_exited(&self, event: TaskExitEvent);
+    /// containerd saw the OOM killer hit a task of the container.
+    async fn task_oom(&self, container_id: &str);
     /// Called after a gap in the event stream: re-check every task.
     async fn resync_tasks(&self);
 }
@@ -70,6 +72,7 @@ impl EventMonitor {
             let filters = vec![
                 format!("namespace==\"{namespace}\",topic~=\"^/images/\""),
                 format!("namespace==\"{namespace}\",topic==\"/tasks/exit\""),
+                format!("namespace==\"{namespace}\",topic==\"/tasks/oom\""),
             ];
             let mut client = self.containerd.events();
             let subscribed = tokio::select! {
@@ -117,6 +120,13 @@ impl EventMonitor {
 
     async fn handle(&self, envelope: Envelope) {
         let Some(event) = envelope.event else { return };
+        if envelope.topic == "/tasks/oom" {
+            match TaskOom::decode(event.value.as_slice()) {
+                Ok(oom) => self.exits.task_oom(&oom.container_id).await,
+                Err(e) => tracing::warn!(error = %e, "undecodable task OOM event"),
+            }
+            return;
+        }
         if envelope.topic == "/tasks/exit" {
             match TaskExit::decode(event.value.as_slice()) {
                 Ok(exit) => {

@@ -13,6 +13,7 @@ pub mod failpoint;
 pub mod fsusage;
 pub mod fsutil;
 pub mod image;
+pub mod io;
 pub mod logging;
 pub mod netns;
 pub mod oci;

@@ -6,8 +6,8 @@ use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::snapshots::MountsRequest;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
-    StartRequest, UpdateContainerRequest, WaitRequest,
+    DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest, GetContainerRequest, GetRequest,
+    KillRequest, ListContainersRequest, StartRequest, UpdateContainerRequest, WaitRequest,
 };
 use containerd_client::types::Mount;
 use containerd_client::types::v1::Status as ProcessStatus;
@@ -275,6 +275,44 @@ impl Containerd {
                 status,
             }),
         }
+    }
+}
+
+impl Containerd {
+    /// Adds an exec process `exec_id` to container `id`'s task (not started yet).
+    pub async fn exec_process(
+        &self,
+        id: &str,
+        exec_id: &str,
+        spec: prost_types::Any,
+        stdio: [&str; 3],
+        terminal: bool,
+    ) -> Result<(), ContainerdError> {
+        self.tasks()
+            .exec(ExecProcessRequest {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                stdin: stdio[0].to_string(),
+                stdout: stdio[1].to_string(),
+                stderr: stdio[2].to_string(),
+                terminal,
+                spec: Some(spec),
+            })
+            .await
+            .map_err(ContainerdError::rpc("exec process"))?;
+        Ok(())
+    }
+
+    /// Deletes an exited exec process; a missing one is fine.
+    pub async fn delete_process(&self, id: &str, exec_id: &str) -> Result<(), ContainerdError> {
+        self.tasks()
+            .delete_process(DeleteProcessRequest {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+            })
+            .await
+            .map(|_| ())
+            .or_else(not_found_is_ok("delete process"))
     }
 }
 

@@ -1,17 +1,44 @@
-//! Reacting to task exits reported by the event monitor: a pause task that exits makes its
-//! sandbox NOTREADY (and its task is deleted, as containerd's CRI does).
+//! Reacting to task exits reported by the event monitor: a container's exit is recorded
+//! (code, time, reason, drained output); a pause task that exits makes its sandbox NOTREADY.
+//! Either way the task is deleted, as containerd's CRI does.
 
 use containerd_client::types::v1::Status as ProcessStatus;
 
+use std::time::SystemTime;
+
 use crate::events::{TaskExitEvent, TaskExitHandler};
 use crate::server::CriService;
-use crate::store::SandboxState;
+use crate::store::{ContainerState, SandboxState};
+
+/// The exit code recorded when a task vanished without telling how it ended.
+pub const UNKNOWN_EXIT_CODE: u32 = 255;
 
 #[async_trait::async_trait]
 impl TaskExitHandler for CriService {
     async fn task_exited(&self, event: TaskExitEvent) {
-        // Exec processes of containers are not sandboxes' concern.
+        // Exec processes end on their own terms (ExecSync waits for them).
         if event.id != event.container_id {
+            return;
+        }
+        if let Ok(Some(container)) = self.containers.get(&event.container_id)
+            && container.id() == event.container_id
+        {
+            let service = self.clone();
+            tokio::spawn(async move {
+                // Let a start in progress record RUNNING first; skip a removed container.
+                drop(container.lifecycle.lock().await);
+                if service
+                    .containers
+                    .get(container.id())
+                    .ok()
+                    .flatten()
+                    .is_some()
+                {
+                    service
+                        .handle_container_exit(&container, event.exit_status, event.exited_at)
+                        .await;
+                }
+            });
             return;
         }
         let Ok(Some(sandbox)) = self.sandboxes.get(&event.container_id) else {
@@ -38,7 +65,38 @@ impl TaskExitHandler for CriService {
         });
     }
 
+    async fn task_oom(&self, container_id: &str) {
+        if let Ok(Some(container)) = self.containers.get(container_id)
+            && container.id() == container_id
+        {
+            tracing::info!(container = %container_id, "container hit its memory limit");
+            container.mark_oom_killed();
+        }
+    }
+
     async fn resync_tasks(&self) {
+        for container in self.containers.list() {
+            if container.status().state != ContainerState::Running {
+                continue;
+            }
+            match self.containerd.task_state(container.id()).await {
+                Ok(Some(task)) if task.status == ProcessStatus::Running => {}
+                Ok(Some(task)) => {
+                    let (code, at) = task
+                        .exit
+                        .map(|e| (e.code, e.at))
+                        .unwrap_or((UNKNOWN_EXIT_CODE, SystemTime::now()));
+                    self.handle_container_exit(&container, code, at).await;
+                }
+                Ok(None) => {
+                    self.handle_container_exit(&container, UNKNOWN_EXIT_CODE, SystemTime::now())
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(container = %container.id(), error = %e, "cannot re-sync container task")
+                }
+            }
+        }
         for sandbox in self.sandboxes.list() {
             let id = sandbox.id();
             match self.containerd.task_state(&id).await {

@@ -5,7 +5,15 @@
 //! plain CRI `v1` messages; logging, the initialized gate and the other API versions and
 //! transports are the server layer's business.
 
-mod exits;
+pub(crate) mod container;
+mod container_create;
+mod container_execsync;
+mod container_log;
+mod container_remove;
+mod container_start;
+mod container_status;
+mod container_stop;
+pub(crate) mod exits;
 mod image_fs_info;
 mod image_pull;
 mod image_remove;

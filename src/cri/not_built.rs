@@ -20,15 +20,7 @@ macro_rules! not_built {
 }
 
 not_built! {
-    create_container, "CreateContainer", CreateContainerRequest, CreateContainerResponse;
-    start_container, "StartContainer", StartContainerRequest, StartContainerResponse;
-    stop_container, "StopContainer", StopContainerRequest, StopContainerResponse;
-    remove_container, "RemoveContainer", RemoveContainerRequest, RemoveContainerResponse;
-    list_containers, "ListContainers", ListContainersRequest, ListContainersResponse;
-    container_status, "ContainerStatus", ContainerStatusRequest, ContainerStatusResponse;
     update_container_resources, "UpdateContainerResources", UpdateContainerResourcesRequest, UpdateContainerResourcesResponse;
-    reopen_container_log, "ReopenContainerLog", ReopenContainerLogRequest, ReopenContainerLogResponse;
-    exec_sync, "ExecSync", ExecSyncRequest, ExecSyncResponse;
     exec, "Exec", ExecRequest, ExecResponse;
     attach, "Attach", AttachRequest, AttachResponse;
     port_forward, "PortForward", PortForwardRequest, PortForwardResponse;

@@ -18,6 +18,7 @@ use crate::store::{Sandbox, SandboxMetadata, SandboxState};
 /// containerd label that tells sandboxes and containers apart, as containerd's CRI sets it.
 pub const KIND_LABEL: &str = "io.cri-containerd.kind";
 pub const KIND_SANDBOX: &str = "sandbox";
+pub const KIND_CONTAINER: &str = "container";
 /// The extension on the containerd container that holds crius's sandbox metadata.
 pub const SANDBOX_METADATA_EXTENSION: &str = "io.crius.sandbox.metadata";
 const SANDBOX_METADATA_TYPE: &str = "crius.io/SandboxMetadata/v1";
@@ -231,6 +232,11 @@ impl CriService {
     pub(crate) async fn stop_sandbox(&self, sandbox: &Arc<Sandbox>) -> Result<(), Status> {
         let metadata = sandbox.metadata();
         let id = metadata.id.clone();
+        // The pod's containers go first, forcibly, as containerd's CRI does it.
+        for container in self.containers.in_sandbox(&id) {
+            self.stop_container_process(&container, Duration::ZERO)
+                .await?;
+        }
         self.destroy_task(&id).await?;
         sandbox.update_status(|s| {
             s.state = SandboxState::NotReady;

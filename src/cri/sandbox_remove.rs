@@ -20,6 +20,10 @@ impl CriService {
         let id = metadata.id.clone();
         // Stopping is idempotent: it also finishes a stop that failed half-way.
         self.stop_sandbox(&sandbox).await?;
+        for container in self.containers.in_sandbox(&id) {
+            let _container_lifecycle = container.lifecycle.lock().await;
+            self.destroy_container(&container).await?;
+        }
         self.containerd
             .delete_container(&id)
             .await

@@ -382,7 +382,7 @@ impl CriService {
 }
 
 /// The runc shim options of a runtime handler, for runc-type runtimes.
-fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::Any> {
+pub(crate) fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::Any> {
     if !RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str()) {
         return None;
     }

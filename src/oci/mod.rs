@@ -4,6 +4,8 @@
 //! Nothing here touches the filesystem or containerd: inputs in, a `Spec` out.
 
 pub mod annotations;
+pub mod container;
+pub mod user;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -215,6 +217,9 @@ pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
         .no_new_privileges(true)
         .oom_score_adj(input.oom_score_adj)
         .build()?;
+    // No default rlimits: the pause process inherits the shim's, as in containerd's CRI.
+    let mut process = process;
+    process.set_rlimits(None);
 
     let host_network = ns.network == NamespaceMode::Node as i32;
     let mut namespaces = vec![

@@ -115,6 +115,7 @@ impl CriService {
         crate::failpoint::hit("startup").await?;
         crate::recovery::recover_images(&self.containerd, &self.images).await?;
         crate::recovery::recover_sandboxes(self).await?;
+        crate::recovery::recover_containers(self).await?;
         if self.config.image.sandbox_image.is_empty()
             && let Err(e) = self.ensure_sandbox_image().await
         {

@@ -16,7 +16,7 @@ use crate::containerd::{Containerd, ContainerdError};
 use crate::fsusage::ImageFs;
 use crate::image::ImagePuller;
 use crate::image::reference::Reference;
-use crate::store::{ImageStore, NameRegistrar, SandboxStore};
+use crate::store::{ContainerStore, ImageStore, NameRegistrar, SandboxStore};
 
 /// Errors that stop crius from starting or make it stop.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +51,8 @@ pub struct ServiceState {
     pub cni_network: CniNetwork,
     pub sandboxes: Arc<SandboxStore>,
     pub sandbox_names: NameRegistrar,
+    pub containers: Arc<ContainerStore>,
+    pub container_names: NameRegistrar,
     /// The sandbox image: the configured one, or the built-in pause image.
     pub sandbox_image: String,
     /// The lowest OOM score adjustment crius may give; `None` when it may lower freely.
@@ -138,6 +140,8 @@ impl CriService {
             cni_network,
             sandboxes: Arc::new(SandboxStore::new()),
             sandbox_names: NameRegistrar::new(),
+            containers: Arc::new(ContainerStore::new()),
+            container_names: NameRegistrar::new(),
             sandbox_image,
             oom_score_floor,
             pinned_images,

@@ -3,11 +3,15 @@
 //!
 //! Stores hold plain data behind short synchronous locks; they never call containerd.
 
+pub mod container;
 pub mod id_index;
 pub mod image;
 pub mod name_registrar;
 pub mod sandbox;
 
+pub use container::{
+    Container, ContainerMetadata, ContainerState, ContainerStatus, ContainerStore,
+};
 pub use id_index::{IdIndex, IdLookupError};
 pub use image::{Image, ImageStore};
 pub use name_registrar::{NameRegistrar, NameReserved};

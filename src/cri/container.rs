@@ -1,0 +1,241 @@
+//! What the container RPCs share: directories, the metadata extension, state conversion,
+//! exit handling and stopping a container's process.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_cri::v1::ContainerState as CriState;
+use tonic::Status;
+
+use super::sandbox::internal;
+use super::unix_nanos;
+use crate::server::CriService;
+use crate::store::{Container, ContainerMetadata, ContainerState};
+
+/// The extension on the containerd container that holds crius's container metadata.
+pub const CONTAINER_METADATA_EXTENSION: &str = "io.crius.container.metadata";
+const CONTAINER_METADATA_TYPE: &str = "crius.io/ContainerMetadata/v1";
+/// How long an exited container's output may keep flowing before its log is closed.
+pub const EXIT_DRAIN: Duration = Duration::from_secs(2);
+/// Exit code and reason of a container whose start failed, as containerd reports them.
+pub const START_ERROR_EXIT_CODE: i32 = 128;
+pub const START_ERROR_REASON: &str = "StartError";
+
+pub fn cri_state(state: ContainerState) -> i32 {
+    match state {
+        ContainerState::Created => CriState::ContainerCreated as i32,
+        ContainerState::Running => CriState::ContainerRunning as i32,
+        ContainerState::Exited => CriState::ContainerExited as i32,
+        ContainerState::Unknown => CriState::ContainerUnknown as i32,
+    }
+}
+
+pub fn metadata_extension(
+    metadata: &ContainerMetadata,
+) -> Result<HashMap<String, prost_types::Any>, Status> {
+    let value = serde_json::to_vec(metadata)
+        .map_err(|e| Status::internal(format!("encoding container metadata: {e}")))?;
+    Ok(HashMap::from([(
+        CONTAINER_METADATA_EXTENSION.to_string(),
+        prost_types::Any {
+            type_url: CONTAINER_METADATA_TYPE.to_string(),
+            value,
+        },
+    )]))
+}
+
+pub fn metadata_from_extensions(
+    extensions: &HashMap<String, prost_types::Any>,
+) -> Option<Result<ContainerMetadata, serde_json::Error>> {
+    extensions
+        .get(CONTAINER_METADATA_EXTENSION)
+        .map(|any| serde_json::from_slice(&any.value))
+}
+
+/// The reason a container exited with `code`.
+fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
+    if oom_killed {
+        "OOMKilled"
+    } else if code == 0 {
+        "Completed"
+    } else {
+        "Error"
+    }
+}
+
+/// The signal number for an image's stop signal (`SIGTERM`, `TERM`, `15`); SIGTERM when
+/// unset or unknown.
+pub fn stop_signal(name: &str) -> nix::sys::signal::Signal {
+    use nix::sys::signal::Signal;
+    if name.is_empty() {
+        return Signal::SIGTERM;
+    }
+    if let Ok(number) = name.parse::<i32>() {
+        return Signal::try_from(number).unwrap_or(Signal::SIGTERM);
+    }
+    let upper = name.to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    full.parse::<Signal>().unwrap_or(Signal::SIGTERM)
+}
+
+impl CriService {
+    pub(crate) fn container_root_dir(&self, id: &str) -> PathBuf {
+        self.config.root.join("containers").join(id)
+    }
+
+    pub(crate) fn container_state_dir(&self, id: &str) -> PathBuf {
+        self.config.state.join("containers").join(id)
+    }
+
+    pub(crate) fn find_container(&self, id: &str) -> Result<Option<Arc<Container>>, Status> {
+        if id.is_empty() {
+            return Err(Status::invalid_argument("container ID is required"));
+        }
+        self.containers
+            .get(id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+
+    pub(crate) fn require_container(&self, id: &str) -> Result<Arc<Container>, Status> {
+        self.find_container(id)?
+            .ok_or_else(|| Status::not_found(format!("container {id:?} not found")))
+    }
+
+    /// Records a container's exit: drains its output (bounded), stores code, time and
+    /// reason, and deletes its task. Idempotent.
+    pub(crate) async fn handle_container_exit(
+        &self,
+        container: &Arc<Container>,
+        code: u32,
+        at: SystemTime,
+    ) {
+        if container.status().state == ContainerState::Exited {
+            return;
+        }
+        container.io.drain(EXIT_DRAIN).await;
+        let code = code as i32;
+        let reason = exit_reason(code, container.oom_killed());
+        container.update_status(|s| {
+            s.state = ContainerState::Exited;
+            s.exit_code = code;
+            // The exit may be stamped before crius noted the start.
+            s.finished_at = unix_nanos(at).max(s.started_at);
+            s.reason = reason.to_string();
+            s.pid = 0;
+        });
+        tracing::info!(container = %container.id(), exit_code = code, reason, "container exited");
+        if let Err(e) = self.containerd.delete_task(container.id()).await {
+            tracing::warn!(container = %container.id(), error = %e, "deleting the exited task failed");
+        }
+    }
+
+    /// Stops a running container: its stop signal, up to `timeout`, then SIGKILL. Returns
+    /// once it has exited.
+    pub(crate) async fn stop_container_process(
+        &self,
+        container: &Arc<Container>,
+        timeout: Duration,
+    ) -> Result<(), Status> {
+        if container.status().state != ContainerState::Running {
+            return Ok(());
+        }
+        let id = container.id().to_string();
+        if !timeout.is_zero() {
+            let signal = stop_signal(&container.metadata.stop_signal);
+            self.containerd
+                .kill_task(&id, "", signal as u32, false)
+                .await
+                .map_err(internal)?;
+            if tokio::time::timeout(timeout, container.wait_exited())
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            tracing::info!(container = %id, ?timeout, "container did not stop in time; killing it");
+        }
+        self.containerd
+            .kill_task(&id, "", nix::sys::signal::Signal::SIGKILL as u32, true)
+            .await
+            .map_err(internal)?;
+        if tokio::time::timeout(super::sandbox::KILL_WAIT, container.wait_exited())
+            .await
+            .is_err()
+        {
+            // The exit event may have been lost: ask containerd.
+            match self.containerd.task_state(&id).await.map_err(internal)? {
+                Some(task) if task.exit.is_none() => {
+                    return Err(Status::deadline_exceeded(format!(
+                        "container {id} did not exit after SIGKILL"
+                    )));
+                }
+                Some(task) => {
+                    let exit = task
+                        .exit
+                        .map(|e| (e.code, e.at))
+                        .unwrap_or((137, SystemTime::now()));
+                    self.handle_container_exit(container, exit.0, exit.1).await;
+                }
+                None => {
+                    self.handle_container_exit(container, 137, SystemTime::now())
+                        .await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a container entirely: task, containerd record, snapshot, FIFOs and dirs,
+    /// name. The log file stays (kubelet owns it).
+    pub(crate) async fn destroy_container(&self, container: &Arc<Container>) -> Result<(), Status> {
+        let id = container.id().to_string();
+        self.destroy_task(&id).await?;
+        self.containerd
+            .delete_container(&id)
+            .await
+            .map_err(internal)?;
+        self.containerd
+            .remove_snapshot(&self.config.containerd.snapshotter, &id)
+            .await
+            .map_err(internal)?;
+        container.io.remove();
+        for dir in [self.container_root_dir(&id), self.container_state_dir(&id)] {
+            if let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                return Err(Status::internal(format!("removing {}: {e}", dir.display())));
+            }
+        }
+        self.containers.remove(&id);
+        self.container_names.release(&container.metadata.name, &id);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::Signal;
+
+    #[test]
+    fn stop_signals_by_name_and_number() {
+        assert_eq!(stop_signal(""), Signal::SIGTERM);
+        assert_eq!(stop_signal("SIGINT"), Signal::SIGINT);
+        assert_eq!(stop_signal("quit"), Signal::SIGQUIT);
+        assert_eq!(stop_signal("9"), Signal::SIGKILL);
+        assert_eq!(stop_signal("bogus"), Signal::SIGTERM);
+    }
+
+    #[test]
+    fn exit_reasons() {
+        assert_eq!(exit_reason(0, false), "Completed");
+        assert_eq!(exit_reason(3, false), "Error");
+        assert_eq!(exit_reason(137, true), "OOMKilled");
+    }
+}

@@ -1,0 +1,258 @@
+//! `CreateContainer`: reserve the name, resolve the image (crius does not pull here),
+//! prepare the snapshot, build the spec (users from the image's own account files), create
+//! the containerd container and the container's FIFOs, and persist its status as CREATED.
+//! A failure half-way undoes every step.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use containerd_client::services::v1::Container as ContainerRecord;
+use k8s_cri::v1::{CreateContainerRequest, CreateContainerResponse};
+use tonic::Status;
+
+use super::container::metadata_extension;
+use super::sandbox::{KIND_CONTAINER, KIND_LABEL, internal, is_host_ipc, new_id};
+use super::unix_nanos;
+use crate::io::ContainerIo;
+use crate::oci::container::{ContainerSpecInput, PodFiles, container_spec};
+use crate::oci::user::{AccountFiles, cri_user_string, resolve, rootfs_layers};
+use crate::oci::{self};
+use crate::server::CriService;
+use crate::store::{Container, ContainerMetadata, ContainerStatus, SandboxState};
+use crate::undo::Undo;
+
+impl CriService {
+    pub async fn create_container(
+        &self,
+        req: CreateContainerRequest,
+    ) -> Result<CreateContainerResponse, Status> {
+        let config = req
+            .config
+            .ok_or_else(|| Status::invalid_argument("container config is required"))?;
+        let meta = config
+            .metadata
+            .clone()
+            .filter(|m| !m.name.is_empty())
+            .ok_or_else(|| Status::invalid_argument("container config must have metadata.name"))?;
+        let image_text = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .filter(|i| !i.is_empty())
+            .ok_or_else(|| Status::invalid_argument("container config must name an image"))?;
+        let sandbox = self.find_sandbox(&req.pod_sandbox_id)?.ok_or_else(|| {
+            Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
+        })?;
+        let sandbox_meta = sandbox.metadata();
+        let sandbox_status = sandbox.status();
+        if sandbox_status.state != SandboxState::Ready {
+            return Err(Status::failed_precondition(format!(
+                "pod sandbox {} is not ready",
+                sandbox_meta.id
+            )));
+        }
+        let image = self.images.resolve(&image_text).ok_or_else(|| {
+            Status::not_found(format!("image {image_text:?} not found: pull it first"))
+        })?;
+        let pod = sandbox_meta.config.metadata.clone().unwrap_or_default();
+        let name = format!(
+            "{}_{}_{}_{}_{}",
+            meta.name, pod.name, pod.namespace, pod.uid, meta.attempt
+        );
+        let id = new_id();
+        self.container_names.reserve(&name, &id).map_err(|e| {
+            Status::already_exists(format!("failed to reserve container name {name:?}: {e}"))
+        })?;
+        let runtime = self
+            .config
+            .runtime(&sandbox_meta.runtime_handler)
+            .cloned()
+            .ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "the pod's runtime handler {:?} is no longer configured",
+                    sandbox_meta.runtime_handler
+                ))
+            })?;
+
+        let mut undo = Undo::new();
+        {
+            let (service, name, id) = (self.clone(), name.clone(), id.clone());
+            undo.push("release container name", async move {
+                service.container_names.release(&name, &id);
+            });
+        }
+        let created = async {
+            let root_dir = self.container_root_dir(&id);
+            let state_dir = self.container_state_dir(&id);
+            for dir in [&root_dir, &state_dir] {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+            }
+            {
+                let dirs = [root_dir.clone(), state_dir.clone()];
+                undo.push("remove container dirs", async move {
+                    for dir in dirs {
+                        let _ = std::fs::remove_dir_all(dir);
+                    }
+                });
+            }
+
+            let snapshotter = self.config.containerd.snapshotter.clone();
+            let lease = format!("crius-container-{id}");
+            self.containerd
+                .create_lease(&lease, Duration::from_secs(3600))
+                .await
+                .map_err(internal)?;
+            let made = async {
+                let mounts = self
+                    .containerd
+                    .prepare_snapshot(&snapshotter, &id, &image.chain_id, HashMap::new(), Some(&lease))
+                    .await
+                    .map_err(|e| Status::internal(format!("preparing the container rootfs: {e}")))?;
+                {
+                    let (service, id, snapshotter) = (self.clone(), id.clone(), snapshotter.clone());
+                    undo.push("remove container snapshot", async move {
+                        let _ = service.containerd.remove_snapshot(&snapshotter, &id).await;
+                    });
+                }
+
+                let linux = config.linux.clone().unwrap_or_default();
+                let security = linux.security_context.clone().unwrap_or_default();
+                let user_string = cri_user_string(
+                    security.run_as_user.as_ref().map(|v| v.value),
+                    &security.run_as_username,
+                    security.run_as_group.as_ref().map(|v| v.value),
+                )
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                let user_string = if user_string.is_empty() {
+                    image.config.config.user.clone()
+                } else {
+                    user_string
+                };
+                let files = AccountFiles::from_layers(&rootfs_layers(&mounts));
+                let user = resolve(&user_string, &files, &security.supplemental_groups)
+                    .map_err(|e| Status::invalid_argument(format!("container user: {e}")))?;
+
+                let sandbox_root = self.sandbox_root_dir(&sandbox_meta.id);
+                let shm = if is_host_ipc(&sandbox_meta.config) {
+                    PathBuf::from("/dev/shm")
+                } else {
+                    self.sandbox_shm_path(&sandbox_meta.id)
+                };
+                let oom = linux
+                    .resources
+                    .as_ref()
+                    .map(|r| r.oom_score_adj)
+                    .filter(|adj| *adj != 0)
+                    .map(|adj| self.clamp_oom_score_adj(adj as i32));
+                let spec = container_spec(&ContainerSpecInput {
+                    id: &id,
+                    namespace: self.containerd.namespace(),
+                    config: &config,
+                    sandbox_id: &sandbox_meta.id,
+                    sandbox_config: &sandbox_meta.config,
+                    sandbox_pid: sandbox_status.pid,
+                    image: &image.config.config,
+                    image_name: &image_text,
+                    user: &user,
+                    pod_files: PodFiles {
+                        hosts: &sandbox_root.join("hosts"),
+                        hostname: &sandbox_root.join("hostname"),
+                        resolv_conf: &sandbox_root.join("resolv.conf"),
+                        shm: &shm,
+                    },
+                    systemd_cgroup: runtime.options.systemd_cgroup,
+                    oom_score_adj: oom,
+                    passthrough_annotations: oci::passthrough_annotations(
+                        &config.annotations,
+                        &runtime.container_annotations,
+                    ),
+                })
+                .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
+                let process_spec = serde_json::to_value(spec.process()).map_err(internal)?;
+
+                let log_path = if sandbox_meta.config.log_directory.is_empty()
+                    || config.log_path.is_empty()
+                {
+                    String::new()
+                } else {
+                    Path::new(&sandbox_meta.config.log_directory)
+                        .join(&config.log_path)
+                        .display()
+                        .to_string()
+                };
+                let metadata = ContainerMetadata {
+                    id: id.clone(),
+                    name: name.clone(),
+                    sandbox_id: sandbox_meta.id.clone(),
+                    config: config.clone(),
+                    image_ref: image.id.clone(),
+                    image_name: image_text.clone(),
+                    log_path,
+                    stop_signal: image.config.config.stop_signal.clone(),
+                    created_at: unix_nanos(SystemTime::now()),
+                };
+                let mut labels = config.labels.clone();
+                labels.insert(KIND_LABEL.to_string(), KIND_CONTAINER.to_string());
+                let record = ContainerRecord {
+                    id: id.clone(),
+                    labels,
+                    image: image_text.clone(),
+                    runtime: crate::containerd::tasks::runtime(
+                        &runtime.runtime_type,
+                        super::sandbox_run::runtime_options(&runtime),
+                    ),
+                    spec: Some(oci::to_any(&spec).map_err(internal)?),
+                    snapshotter: snapshotter.clone(),
+                    snapshot_key: id.clone(),
+                    extensions: metadata_extension(&metadata)?,
+                    ..Default::default()
+                };
+                self.containerd
+                    .create_container(record, Some(&lease))
+                    .await
+                    .map_err(|e| Status::internal(format!("creating the container: {e}")))?;
+                {
+                    let (service, id) = (self.clone(), id.clone());
+                    undo.push("delete container record", async move {
+                        let _ = service.containerd.delete_container(&id).await;
+                    });
+                }
+                Ok::<_, Status>((metadata, process_spec))
+            }
+            .await;
+            if let Err(e) = self.containerd.delete_lease(&lease, false).await {
+                tracing::warn!(%lease, error = %e, "failed to delete container lease; it expires by itself");
+            }
+            let (metadata, process_spec) = made?;
+
+            let io = ContainerIo::create(&state_dir.join("io"), config.stdin, config.tty)
+                .map_err(|e| Status::internal(format!("creating the container's FIFOs: {e}")))?;
+            let container = Arc::new(Container::new(
+                metadata.clone(),
+                ContainerStatus::created(metadata.created_at),
+                root_dir.join("status"),
+                Arc::new(io),
+                process_spec,
+            ));
+            // Persist the CREATED status before the container becomes visible.
+            container.update_status(|_| {});
+            self.containers.add(container);
+            Ok::<(), Status>(())
+        }
+        .await;
+        match created {
+            Ok(()) => {
+                undo.disarm();
+                tracing::info!(container = %id, name, sandbox = %sandbox_meta.id, "container created");
+                Ok(CreateContainerResponse { container_id: id })
+            }
+            Err(e) => {
+                undo.run().await;
+                Err(e)
+            }
+        }
+    }
+}

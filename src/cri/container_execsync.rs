@@ -1,0 +1,145 @@
+//! `ExecSync`: run a command in a running container and return its output and exit code.
+//! Output is captured up to 16 MiB per stream; on timeout the process is killed and the
+//! call answers `DEADLINE_EXCEEDED`; after the process exits its output is drained for at
+//! most a short while, so a background child that keeps the pipes open cannot hang it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_cri::v1::{ExecSyncRequest, ExecSyncResponse};
+use tonic::Status;
+
+use super::sandbox::internal;
+use crate::io::{CapturedOutput, ExecIo};
+use crate::server::CriService;
+use crate::store::{Container, ContainerState};
+
+/// Output kept per stream.
+const MAX_OUTPUT: usize = 16 * 1024 * 1024;
+/// How long output may keep flowing after the process exited.
+const EXEC_DRAIN: Duration = Duration::from_millis(500);
+/// ...and after it was killed.
+const KILLED_DRAIN: Duration = Duration::from_millis(50);
+/// The type URL of an OCI process spec.
+pub const PROCESS_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
+
+impl CriService {
+    pub async fn exec_sync(&self, req: ExecSyncRequest) -> Result<ExecSyncResponse, Status> {
+        let container = self.require_container(&req.container_id)?;
+        if req.cmd.is_empty() {
+            return Err(Status::invalid_argument("exec command is required"));
+        }
+        if container.status().state != ContainerState::Running {
+            return Err(Status::failed_precondition(format!(
+                "container {} is not running",
+                container.id()
+            )));
+        }
+        // The timeout counts from the request, not from when the process got going.
+        let deadline = (req.timeout > 0)
+            .then(|| tokio::time::Instant::now() + Duration::from_secs(req.timeout as u64));
+        self.run_exec_sync(&container, &req.cmd, deadline).await
+    }
+
+    async fn run_exec_sync(
+        &self,
+        container: &Arc<Container>,
+        cmd: &[String],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<ExecSyncResponse, Status> {
+        let id = container.id().to_string();
+        let exec_id = format!("{:016x}", rand::random::<u64>());
+        let dir = self.container_state_dir(&id).join("exec").join(&exec_id);
+        let output = CapturedOutput::new(MAX_OUTPUT);
+        let mut io = ExecIo::start(&dir, output.clone())
+            .map_err(|e| Status::internal(format!("creating exec FIFOs: {e}")))?;
+
+        let mut process = container.process_spec.clone();
+        process["args"] = serde_json::json!(cmd);
+        process["terminal"] = serde_json::json!(false);
+        let spec = prost_types::Any {
+            type_url: PROCESS_TYPE_URL.to_string(),
+            value: serde_json::to_vec(&process).map_err(internal)?,
+        };
+        let stdio = io.fifos().paths();
+        self.containerd
+            .exec_process(
+                &id,
+                &exec_id,
+                spec,
+                [&stdio[0], &stdio[1], &stdio[2]],
+                false,
+            )
+            .await
+            .map_err(|e| Status::internal(format!("exec in container {id}: {e}")))?;
+        let result = self
+            .start_and_wait_exec(&id, &exec_id, deadline, &mut io)
+            .await
+            .map_err(|e| {
+                if e.code() == tonic::Code::DeadlineExceeded {
+                    Status::deadline_exceeded(format!("command {cmd:?} {}", e.message()))
+                } else {
+                    e
+                }
+            });
+        // A killed process has nothing more to say: do not wait for its output.
+        let drain = if result.is_ok() {
+            EXEC_DRAIN
+        } else {
+            KILLED_DRAIN
+        };
+        io.finish(drain).await;
+        // The shim's delete waits up to 2 s for output still held open by a background
+        // child: do it after answering.
+        let containerd = self.containerd.clone();
+        tokio::spawn(async move {
+            if let Err(e) = containerd.delete_process(&id, &exec_id).await {
+                tracing::warn!(container = %id, exec = %exec_id, error = %e, "deleting the exec process failed");
+            }
+        });
+        let exit_code = result?;
+        let (stdout, stderr) = output.take();
+        Ok(ExecSyncResponse {
+            stdout,
+            stderr,
+            exit_code,
+        })
+    }
+
+    /// Starts the exec process and waits for it, killing it when the deadline passes.
+    async fn start_and_wait_exec(
+        &self,
+        id: &str,
+        exec_id: &str,
+        deadline: Option<tokio::time::Instant>,
+        io: &mut ExecIo,
+    ) -> Result<i32, Status> {
+        self.containerd
+            .start_task(id, exec_id)
+            .await
+            .map_err(|e| Status::internal(format!("starting exec in container {id}: {e}")))?;
+        // The shim opens an exec's FIFOs when it starts the process.
+        io.process_created();
+        let wait = self.containerd.wait_task(id, exec_id);
+        let waited = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
+                Ok(waited) => waited,
+                Err(_) => {
+                    let _ = self
+                        .containerd
+                        .kill_task(id, exec_id, nix::sys::signal::Signal::SIGKILL as u32, false)
+                        .await;
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        self.containerd.wait_task(id, exec_id),
+                    )
+                    .await;
+                    return Err(Status::deadline_exceeded("timed out"));
+                }
+            },
+            None => wait.await,
+        };
+        let exit = waited.map_err(|e| Status::internal(format!("waiting for exec: {e}")))?;
+        Ok(exit.code as i32)
+    }
+}

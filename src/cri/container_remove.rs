@@ -1,0 +1,26 @@
+//! `RemoveContainer`: force-stop a running container, then delete its task, containerd
+//! record, snapshot, FIFOs and dirs, and release its name. An unknown ID is not an error.
+
+use std::time::Duration;
+
+use k8s_cri::v1::{RemoveContainerRequest, RemoveContainerResponse};
+use tonic::Status;
+
+use crate::server::CriService;
+
+impl CriService {
+    pub async fn remove_container(
+        &self,
+        req: RemoveContainerRequest,
+    ) -> Result<RemoveContainerResponse, Status> {
+        let Some(container) = self.find_container(&req.container_id)? else {
+            return Ok(RemoveContainerResponse {});
+        };
+        self.stop_container_process(&container, Duration::ZERO)
+            .await?;
+        let _lifecycle = container.lifecycle.lock().await;
+        self.destroy_container(&container).await?;
+        tracing::info!(container = %container.id(), "container removed");
+        Ok(RemoveContainerResponse {})
+    }
+}

@@ -1,0 +1,102 @@
+//! `StartContainer`: open the log and start copying the FIFOs, create and start the task.
+//! A failure leaves the container EXITED with reason `StartError`, exit code 128 and the
+//! runtime's message, as containerd's CRI reports it.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use k8s_cri::v1::{StartContainerRequest, StartContainerResponse};
+use tonic::Status;
+
+use super::container::{START_ERROR_EXIT_CODE, START_ERROR_REASON};
+use super::unix_nanos;
+use crate::server::CriService;
+use crate::store::{ContainerState, SandboxState};
+
+impl CriService {
+    pub async fn start_container(
+        &self,
+        req: StartContainerRequest,
+    ) -> Result<StartContainerResponse, Status> {
+        let container = self.require_container(&req.container_id)?;
+        let _lifecycle = container.lifecycle.lock().await;
+        let id = container.id().to_string();
+        let state = container.status().state;
+        if state != ContainerState::Created {
+            return Err(Status::failed_precondition(format!(
+                "container {id} is {state:?}, not created"
+            )));
+        }
+        let sandbox_ready = self
+            .sandboxes
+            .get(&container.metadata.sandbox_id)
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.status().state == SandboxState::Ready);
+        if !sandbox_ready {
+            return Err(Status::failed_precondition(format!(
+                "the pod sandbox {} of container {id} is not ready",
+                container.metadata.sandbox_id
+            )));
+        }
+
+        match self.start_task_of(&container).await {
+            Ok(pid) => {
+                container.update_status(|s| {
+                    s.state = ContainerState::Running;
+                    s.pid = pid;
+                    s.started_at = unix_nanos(SystemTime::now());
+                });
+                tracing::info!(container = %id, pid, "container started");
+                Ok(StartContainerResponse {})
+            }
+            Err(message) => {
+                container.io.task_created();
+                if let Err(e) = self.destroy_task(&id).await {
+                    tracing::warn!(container = %id, error = %e, "cleaning up the failed task failed");
+                }
+                container
+                    .io
+                    .drain(std::time::Duration::from_millis(100))
+                    .await;
+                container.update_status(|s| {
+                    s.state = ContainerState::Exited;
+                    s.exit_code = START_ERROR_EXIT_CODE;
+                    s.reason = START_ERROR_REASON.to_string();
+                    s.message = message.clone();
+                    s.finished_at = unix_nanos(SystemTime::now());
+                });
+                Err(Status::internal(format!(
+                    "failed to start container {id}: {message}"
+                )))
+            }
+        }
+    }
+
+    /// Creates and starts the task with the container's FIFOs; the error text on failure.
+    async fn start_task_of(&self, container: &crate::store::Container) -> Result<u32, String> {
+        let id = container.id();
+        let log_path = (!container.metadata.log_path.is_empty())
+            .then(|| Path::new(&container.metadata.log_path));
+        container
+            .io
+            .start(log_path)
+            .map_err(|e| format!("opening the container's output: {e}"))?;
+        let mounts = self
+            .containerd
+            .snapshot_mounts(&self.config.containerd.snapshotter, id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let stdio = container.io.fifos().paths();
+        let tty = container.metadata.config.tty;
+        self.containerd
+            .create_task(id, mounts, [&stdio[0], &stdio[1], &stdio[2]], tty)
+            .await
+            .map_err(|e| e.to_string())?;
+        container.io.task_created();
+        self.containerd
+            .start_task(id, "")
+            .await
+            .map_err(|e| e.to_string())
+    }
+}

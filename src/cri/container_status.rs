@@ -1,0 +1,160 @@
+//! `ContainerStatus` and `ListContainers`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_cri::v1::{
+    Container as CriContainer, ContainerResources, ContainerStatus as CriStatus,
+    ContainerStatusRequest, ContainerStatusResponse, ImageSpec, ListContainersRequest,
+    ListContainersResponse,
+};
+use tonic::Status;
+
+use super::container::cri_state;
+use super::sandbox_status::labels_match;
+use crate::server::CriService;
+use crate::store::Container;
+
+impl CriService {
+    /// `image_ref` as containerd reports it: the image's repo digest when it has one.
+    fn image_ref(&self, container: &Container) -> String {
+        self.images
+            .get(&container.metadata.image_ref)
+            .and_then(|image| image.repo_digests().into_iter().next())
+            .unwrap_or_else(|| container.metadata.image_ref.clone())
+    }
+
+    fn image_spec(container: &Container) -> Option<ImageSpec> {
+        Some(ImageSpec {
+            image: container.metadata.image_name.clone(),
+            ..Default::default()
+        })
+    }
+
+    pub async fn container_status(
+        &self,
+        req: ContainerStatusRequest,
+    ) -> Result<ContainerStatusResponse, Status> {
+        let container = self.require_container(&req.container_id)?;
+        let metadata = &container.metadata;
+        let status = container.status();
+        let config = &metadata.config;
+        let mut info = HashMap::new();
+        if req.verbose {
+            info.insert(
+                "info".to_string(),
+                self.container_info(&container).await.to_string(),
+            );
+        }
+        Ok(ContainerStatusResponse {
+            status: Some(CriStatus {
+                id: metadata.id.clone(),
+                metadata: config.metadata.clone(),
+                state: cri_state(status.state),
+                created_at: status.created_at,
+                started_at: status.started_at,
+                finished_at: status.finished_at,
+                exit_code: status.exit_code,
+                image: Self::image_spec(&container),
+                image_ref: self.image_ref(&container),
+                reason: status.reason.clone(),
+                message: status.message.clone(),
+                labels: config.labels.clone(),
+                annotations: config.annotations.clone(),
+                mounts: config.mounts.clone(),
+                log_path: metadata.log_path.clone(),
+                resources: config
+                    .linux
+                    .as_ref()
+                    .and_then(|l| l.resources.clone())
+                    .map(|linux| ContainerResources {
+                        linux: Some(linux),
+                        windows: None,
+                    }),
+                image_id: metadata.image_ref.clone(),
+                ..Default::default()
+            }),
+            info,
+        })
+    }
+
+    /// The verbose `info` of a container, as containerd's CRI reports it.
+    async fn container_info(&self, container: &Arc<Container>) -> serde_json::Value {
+        let record = self
+            .containerd
+            .get_container(container.id())
+            .await
+            .ok()
+            .flatten();
+        let spec = record
+            .as_ref()
+            .and_then(|c| c.spec.as_ref())
+            .and_then(|any| serde_json::from_slice::<serde_json::Value>(&any.value).ok());
+        serde_json::json!({
+            "sandboxID": container.metadata.sandbox_id,
+            "pid": container.status().pid,
+            "snapshotKey": container.id(),
+            "snapshotter": self.config.containerd.snapshotter,
+            "runtimeType": record.as_ref().and_then(|r| r.runtime.as_ref()).map(|r| r.name.clone()),
+            "config": container.metadata.config,
+            "runtimeSpec": spec,
+        })
+    }
+
+    pub async fn list_containers(
+        &self,
+        req: ListContainersRequest,
+    ) -> Result<ListContainersResponse, Status> {
+        let filter = req.filter.unwrap_or_default();
+        let wanted_id = if filter.id.is_empty() {
+            None
+        } else {
+            match self.containers.get(&filter.id) {
+                Ok(Some(c)) => Some(c.id().to_string()),
+                _ => return Ok(ListContainersResponse::default()),
+            }
+        };
+        let wanted_sandbox = if filter.pod_sandbox_id.is_empty() {
+            None
+        } else {
+            match self.sandboxes.get(&filter.pod_sandbox_id) {
+                Ok(Some(s)) => Some(s.id()),
+                _ => return Ok(ListContainersResponse::default()),
+            }
+        };
+        let containers = self
+            .containers
+            .list()
+            .into_iter()
+            .filter(|c| wanted_id.as_deref().is_none_or(|id| id == c.id()))
+            .filter(|c| {
+                wanted_sandbox
+                    .as_deref()
+                    .is_none_or(|s| s == c.metadata.sandbox_id)
+            })
+            .filter_map(|c| {
+                let state = cri_state(c.status().state);
+                if filter.state.as_ref().is_some_and(|s| s.state != state) {
+                    return None;
+                }
+                let config = &c.metadata.config;
+                if !labels_match(&config.labels, &filter.label_selector) {
+                    return None;
+                }
+                Some(CriContainer {
+                    id: c.id().to_string(),
+                    pod_sandbox_id: c.metadata.sandbox_id.clone(),
+                    metadata: config.metadata.clone(),
+                    image: Self::image_spec(&c),
+                    image_ref: self.image_ref(&c),
+                    state,
+                    created_at: c.metadata.created_at,
+                    labels: config.labels.clone(),
+                    annotations: config.annotations.clone(),
+                    image_id: c.metadata.image_ref.clone(),
+                })
+            })
+            .collect();
+        Ok(ListContainersResponse { containers })
+    }
+}

@@ -1,0 +1,22 @@
+//! `StopContainer`: the image's stop signal, up to the timeout, then SIGKILL. A container
+//! that is not running is stopped already.
+
+use std::time::Duration;
+
+use k8s_cri::v1::{StopContainerRequest, StopContainerResponse};
+use tonic::Status;
+
+use crate::server::CriService;
+
+impl CriService {
+    pub async fn stop_container(
+        &self,
+        req: StopContainerRequest,
+    ) -> Result<StopContainerResponse, Status> {
+        let container = self.require_container(&req.container_id)?;
+        let timeout = Duration::from_secs(u64::try_from(req.timeout).unwrap_or(0));
+        self.stop_container_process(&container, timeout).await?;
+        tracing::info!(container = %container.id(), "container stopped");
+        Ok(StopContainerResponse {})
+    }
+}

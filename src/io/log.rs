@@ -1,0 +1,194 @@
+//! The CRI container log format: `<RFC3339Nano time> <stdout|stderr> <F|P> <content>\n`,
+//! one entry per line, lines longer than 16 KiB split into `P` (partial) entries and
+//! finished by an `F` (full) one.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+/// Longest line content in one log entry.
+pub const MAX_LINE: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Cuts a byte stream into log lines: complete lines (without the newline) and, for lines
+/// over [`MAX_LINE`], partial pieces.
+#[derive(Default)]
+pub struct LineSplitter {
+    pending: Vec<u8>,
+}
+
+impl LineSplitter {
+    /// Feeds `data`; `emit(content, partial)` gets each finished entry.
+    pub fn push(&mut self, mut data: &[u8], mut emit: impl FnMut(&[u8], bool)) {
+        while !data.is_empty() {
+            let room = MAX_LINE - self.pending.len();
+            match data.iter().position(|&b| b == b'\n') {
+                Some(nl) if nl <= room => {
+                    self.pending.extend_from_slice(&data[..nl]);
+                    emit(&self.pending, false);
+                    self.pending.clear();
+                    data = &data[nl + 1..];
+                }
+                _ if data.len() < room => {
+                    self.pending.extend_from_slice(data);
+                    data = &[];
+                }
+                _ => {
+                    self.pending.extend_from_slice(&data[..room]);
+                    emit(&self.pending, true);
+                    self.pending.clear();
+                    data = &data[room..];
+                }
+            }
+        }
+    }
+
+    /// The stream ended: a last line without newline is emitted as full.
+    pub fn finish(&mut self, mut emit: impl FnMut(&[u8], bool)) {
+        if !self.pending.is_empty() {
+            emit(&self.pending, false);
+            self.pending.clear();
+        }
+    }
+}
+
+/// Formats one log entry.
+pub fn format_entry(time: SystemTime, stream: Stream, partial: bool, content: &[u8]) -> Vec<u8> {
+    let mut entry = Vec::with_capacity(content.len() + 48);
+    entry.extend_from_slice(humantime::format_rfc3339_nanos(time).to_string().as_bytes());
+    entry.push(b' ');
+    entry.extend_from_slice(stream.as_str().as_bytes());
+    entry.extend_from_slice(if partial { b" P " } else { b" F " });
+    entry.extend_from_slice(content);
+    entry.push(b'\n');
+    entry
+}
+
+/// A container's log file, shared by its stdout and stderr copiers; reopenable after
+/// rotation.
+pub struct LogFile {
+    path: PathBuf,
+    file: Mutex<std::fs::File>,
+}
+
+fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+impl LogFile {
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            path: path.to_path_buf(),
+            file: Mutex::new(open_append(path)?),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes one entry; whole entries never interleave.
+    pub fn write_entry(&self, stream: Stream, partial: bool, content: &[u8]) {
+        let entry = format_entry(SystemTime::now(), stream, partial, content);
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = file.write_all(&entry) {
+            tracing::warn!(path = %self.path.display(), error = %e, "writing container log failed");
+        }
+    }
+
+    /// Opens the path again (the old file was rotated away).
+    pub fn reopen(&self) -> std::io::Result<()> {
+        let fresh = open_append(&self.path)?;
+        *self.file.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(chunks: &[&[u8]]) -> Vec<(Vec<u8>, bool)> {
+        let mut out = Vec::new();
+        let mut splitter = LineSplitter::default();
+        for chunk in chunks {
+            splitter.push(chunk, |c, p| out.push((c.to_vec(), p)));
+        }
+        splitter.finish(|c, p| out.push((c.to_vec(), p)));
+        out
+    }
+
+    #[test]
+    fn lines_across_chunks() {
+        assert_eq!(
+            split(&[b"hel", b"lo\nwor", b"ld\n\n"]),
+            vec![
+                (b"hello".to_vec(), false),
+                (b"world".to_vec(), false),
+                (b"".to_vec(), false)
+            ]
+        );
+    }
+
+    #[test]
+    fn long_lines_are_split_into_partials_and_a_full_tail() {
+        let line = vec![b'x'; 100 * 1024];
+        let entries = split(&[&line]);
+        assert_eq!(entries.len(), 7);
+        assert!(entries[..6].iter().all(|(c, p)| *p && c.len() == MAX_LINE));
+        assert_eq!(entries[6], (vec![b'x'; 100 * 1024 - 6 * MAX_LINE], false));
+        let total: usize = entries.iter().map(|(c, _)| c.len()).sum();
+        assert_eq!(total, line.len());
+    }
+
+    #[test]
+    fn a_line_of_exactly_max_is_full() {
+        let mut data = vec![b'y'; MAX_LINE];
+        data.push(b'\n');
+        assert_eq!(split(&[&data]), vec![(vec![b'y'; MAX_LINE], false)]);
+    }
+
+    #[test]
+    fn entry_format() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::new(1_475_713_029, 669_794_202);
+        assert_eq!(
+            format_entry(t, Stream::Stdout, false, b"text"),
+            b"2016-10-06T00:17:09.669794202Z stdout F text\n"
+        );
+        assert!(format_entry(t, Stream::Stderr, true, b"x").ends_with(b"stderr P x\n"));
+    }
+
+    #[test]
+    fn reopen_follows_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pods/c.log");
+        let log = LogFile::open(&path).unwrap();
+        log.write_entry(Stream::Stdout, false, b"one");
+        std::fs::rename(&path, dir.path().join("rotated")).unwrap();
+        log.reopen().unwrap();
+        log.write_entry(Stream::Stdout, false, b"two");
+        let now = std::fs::read_to_string(&path).unwrap();
+        assert!(now.ends_with("stdout F two\n") && !now.contains("one"));
+    }
+}

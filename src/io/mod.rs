@@ -1,0 +1,435 @@
+//! Container and exec stdio: FIFOs the shim writes to, copiers that turn them into the CRI
+//! log and an output fan-out that attach subscribes to.
+//!
+//! Opening a FIFO's read end without a writer would either block or read EOF at once. So
+//! each FIFO is first held open read-write by crius (a placeholder writer), the real reader
+//! is opened non-blocking, and the placeholder is dropped once the task exists: from then
+//! on EOF means the shim closed its end.
+
+pub mod log;
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nix::sys::stat::Mode;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+pub use log::{LineSplitter, LogFile, Stream};
+
+/// How many output chunks an attach subscriber may fall behind before it loses some.
+const FANOUT_CAPACITY: usize = 256;
+const READ_BUFFER: usize = 32 * 1024;
+
+/// A chunk of container output, for attach.
+#[derive(Debug, Clone)]
+pub struct OutputChunk {
+    pub stream: Stream,
+    pub data: Bytes,
+}
+
+/// The FIFO paths handed to containerd for a task or exec process.
+#[derive(Debug, Clone, Default)]
+pub struct FifoSet {
+    pub stdin: Option<PathBuf>,
+    pub stdout: Option<PathBuf>,
+    pub stderr: Option<PathBuf>,
+}
+
+impl FifoSet {
+    /// Creates the FIFOs under `dir`: stdin when asked, stdout always, stderr unless `tty`.
+    pub fn create(dir: &Path, stdin: bool, tty: bool) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let make = |name: &str| -> std::io::Result<PathBuf> {
+            let path = dir.join(name);
+            match nix::unistd::mkfifo(&path, Mode::from_bits_truncate(0o600)) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(path),
+                Err(e) => Err(std::io::Error::from(e)),
+            }
+        };
+        Ok(Self {
+            stdin: stdin.then(|| make("stdin")).transpose()?,
+            stdout: Some(make("stdout")?),
+            stderr: (!tty).then(|| make("stderr")).transpose()?,
+        })
+    }
+
+    /// The paths as containerd wants them (empty for none).
+    pub fn paths(&self) -> [String; 3] {
+        let show = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        [show(&self.stdin), show(&self.stdout), show(&self.stderr)]
+    }
+}
+
+/// Opens a FIFO for reading without blocking, with a placeholder writer so the reader does
+/// not see EOF before the shim opens its end.
+fn open_reader(path: &Path) -> std::io::Result<(pipe::Receiver, OwnedFd)> {
+    let placeholder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let receiver = pipe::OpenOptions::new().open_receiver(path)?;
+    Ok((receiver, OwnedFd::from(placeholder)))
+}
+
+/// Where a stream's bytes go.
+pub trait OutputSink: Send + Sync + 'static {
+    fn write(&self, stream: Stream, data: &[u8]);
+    fn finish(&self, stream: Stream);
+}
+
+/// Copies one FIFO into a sink until EOF.
+fn spawn_copier(
+    mut reader: pipe::Receiver,
+    stream: Stream,
+    sink: Arc<dyn OutputSink>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; READ_BUFFER];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => sink.write(stream, &buf[..n]),
+                Err(e) => {
+                    tracing::debug!(stream = stream.as_str(), error = %e, "output copier stopped");
+                    break;
+                }
+            }
+        }
+        sink.finish(stream);
+    })
+}
+
+/// Turns output into log entries and attach chunks.
+struct LogSink {
+    log: Mutex<Option<Arc<LogFile>>>,
+    splitters: Mutex<[LineSplitter; 2]>,
+    fanout: broadcast::Sender<OutputChunk>,
+}
+
+impl LogSink {
+    fn with_splitter(
+        &self,
+        stream: Stream,
+        f: impl FnOnce(&mut LineSplitter, &dyn Fn(&[u8], bool)),
+    ) {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let emit = |content: &[u8], partial: bool| {
+            if let Some(log) = &log {
+                log.write_entry(stream, partial, content);
+            }
+        };
+        let mut splitters = self.splitters.lock().unwrap_or_else(|p| p.into_inner());
+        let index = match stream {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        };
+        f(&mut splitters[index], &emit);
+    }
+}
+
+impl OutputSink for LogSink {
+    fn write(&self, stream: Stream, data: &[u8]) {
+        self.with_splitter(stream, |splitter, emit| splitter.push(data, emit));
+        // Nobody attached is the normal case.
+        let _ = self.fanout.send(OutputChunk {
+            stream,
+            data: Bytes::copy_from_slice(data),
+        });
+    }
+
+    fn finish(&self, stream: Stream) {
+        self.with_splitter(stream, |splitter, emit| splitter.finish(emit));
+    }
+}
+
+/// A container's stdio: FIFOs, the log copiers and the attach fan-out.
+pub struct ContainerIo {
+    dir: PathBuf,
+    fifos: FifoSet,
+    sink: Arc<LogSink>,
+    copiers: Mutex<Vec<JoinHandle<()>>>,
+    placeholders: Mutex<Vec<OwnedFd>>,
+    /// The stdin writer while stdin is open.
+    stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+}
+
+impl ContainerIo {
+    /// Creates the FIFOs in `dir`. Nothing is copied until [`ContainerIo::start`].
+    pub fn create(dir: &Path, stdin: bool, tty: bool) -> std::io::Result<Self> {
+        let fifos = FifoSet::create(dir, stdin, tty)?;
+        let (fanout, _) = broadcast::channel(FANOUT_CAPACITY);
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            fifos,
+            sink: Arc::new(LogSink {
+                log: Mutex::new(None),
+                splitters: Mutex::new(Default::default()),
+                fanout,
+            }),
+            copiers: Mutex::new(Vec::new()),
+            placeholders: Mutex::new(Vec::new()),
+            stdin: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn fifos(&self) -> &FifoSet {
+        &self.fifos
+    }
+
+    /// Opens the log (when there is one) and starts copying; call before the task is
+    /// created, then [`ContainerIo::task_created`] once it is.
+    pub fn start(&self, log_path: Option<&Path>) -> std::io::Result<()> {
+        if let Some(path) = log_path {
+            *self.sink.log.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(Arc::new(LogFile::open(path)?));
+        }
+        let mut copiers = self.copiers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut placeholders = self.placeholders.lock().unwrap_or_else(|p| p.into_inner());
+        for (path, stream) in [
+            (&self.fifos.stdout, Stream::Stdout),
+            (&self.fifos.stderr, Stream::Stderr),
+        ] {
+            if let Some(path) = path {
+                let (reader, placeholder) = open_reader(path)?;
+                placeholders.push(placeholder);
+                copiers.push(spawn_copier(reader, stream, self.sink.clone()));
+            }
+        }
+        if let Some(path) = &self.fifos.stdin {
+            let sender = pipe::OpenOptions::new()
+                .read_write(true)
+                .open_sender(path)?;
+            *self.stdin.try_lock().map_err(std::io::Error::other)? = Some(sender);
+        }
+        Ok(())
+    }
+
+    /// The shim has its ends open (or never will): EOF now means the writer is gone.
+    pub fn task_created(&self) {
+        self.placeholders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Waits for the copiers to reach EOF, at most `limit`; stops them after that (a
+    /// background process may hold the output open forever). Partial lines are flushed.
+    pub async fn drain(&self, limit: Duration) {
+        self.task_created();
+        let copiers: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.copiers.lock().unwrap_or_else(|p| p.into_inner()));
+        let deadline = tokio::time::Instant::now() + limit;
+        for copier in copiers {
+            let abort = copier.abort_handle();
+            if tokio::time::timeout_at(deadline, copier).await.is_err() {
+                abort.abort();
+            }
+        }
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            self.sink.finish(stream);
+        }
+        self.close_stdin().await;
+    }
+
+    /// Reopens the log file after rotation.
+    pub fn reopen_log(&self) -> std::io::Result<()> {
+        match self
+            .sink
+            .log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            Some(log) => log.reopen(),
+            None => Ok(()),
+        }
+    }
+
+    /// Output from now on, for attach.
+    pub fn subscribe(&self) -> broadcast::Receiver<OutputChunk> {
+        self.sink.fanout.subscribe()
+    }
+
+    /// The stdin writer, for attach; `None` when stdin is closed or was never asked for.
+    pub fn stdin(&self) -> &tokio::sync::Mutex<Option<pipe::Sender>> {
+        &self.stdin
+    }
+
+    pub async fn close_stdin(&self) {
+        self.stdin.lock().await.take();
+    }
+
+    /// Removes the FIFOs' directory.
+    pub fn remove(&self) {
+        self.task_created();
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "removing FIFOs failed");
+        }
+    }
+}
+
+/// Collects an exec process's output in memory, up to a limit per stream.
+pub struct CapturedOutput {
+    limit: usize,
+    buffers: Mutex<[Vec<u8>; 2]>,
+}
+
+impl CapturedOutput {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            buffers: Mutex::new(Default::default()),
+        })
+    }
+
+    pub fn take(&self) -> (Vec<u8>, Vec<u8>) {
+        let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            std::mem::take(&mut buffers[0]),
+            std::mem::take(&mut buffers[1]),
+        )
+    }
+}
+
+impl OutputSink for CapturedOutput {
+    fn write(&self, stream: Stream, data: &[u8]) {
+        let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let buffer = match stream {
+            Stream::Stdout => &mut buffers[0],
+            Stream::Stderr => &mut buffers[1],
+        };
+        let room = self.limit.saturating_sub(buffer.len());
+        buffer.extend_from_slice(&data[..data.len().min(room)]);
+    }
+
+    fn finish(&self, _stream: Stream) {}
+}
+
+/// The stdio of one exec process: FIFOs and copiers into a sink.
+pub struct ExecIo {
+    dir: PathBuf,
+    fifos: FifoSet,
+    copiers: Vec<JoinHandle<()>>,
+    placeholders: Vec<OwnedFd>,
+}
+
+impl ExecIo {
+    /// Creates stdout/stderr FIFOs in `dir` and starts copying them into `sink`.
+    pub fn start(dir: &Path, sink: Arc<dyn OutputSink>) -> std::io::Result<Self> {
+        let fifos = FifoSet::create(dir, false, false)?;
+        let mut copiers = Vec::new();
+        let mut placeholders = Vec::new();
+        for (path, stream) in [
+            (&fifos.stdout, Stream::Stdout),
+            (&fifos.stderr, Stream::Stderr),
+        ] {
+            if let Some(path) = path {
+                let (reader, placeholder) = open_reader(path)?;
+                placeholders.push(placeholder);
+                copiers.push(spawn_copier(reader, stream, sink.clone()));
+            }
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            fifos,
+            copiers,
+            placeholders,
+        })
+    }
+
+    pub fn fifos(&self) -> &FifoSet {
+        &self.fifos
+    }
+
+    /// The process exists: EOF now means it (and its children) closed the output.
+    pub fn process_created(&mut self) {
+        self.placeholders.clear();
+    }
+
+    /// Waits for EOF on both streams, at most `limit`, then stops copying and removes the
+    /// FIFOs.
+    pub async fn finish(mut self, limit: Duration) {
+        self.placeholders.clear();
+        let deadline = tokio::time::Instant::now() + limit;
+        for copier in self.copiers.drain(..) {
+            let abort = copier.abort_handle();
+            if tokio::time::timeout_at(deadline, copier).await.is_err() {
+                abort.abort();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for ExecIo {
+    fn drop(&mut self) {
+        for copier in &self.copiers {
+            copier.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[tokio::test]
+    async fn copies_fifo_output_into_the_cri_log_and_the_fanout() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = ContainerIo::create(&dir.path().join("io"), false, false).unwrap();
+        let log_path = dir.path().join("logs/c.log");
+        io.start(Some(&log_path)).unwrap();
+        let mut attached = io.subscribe();
+        // Stand in for the shim: open the write ends, write, close.
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .open(io.fifos().stdout.as_ref().unwrap())
+            .unwrap();
+        let mut err = std::fs::OpenOptions::new()
+            .write(true)
+            .open(io.fifos().stderr.as_ref().unwrap())
+            .unwrap();
+        io.task_created();
+        out.write_all(b"out\npartial").unwrap();
+        err.write_all(b"err\n").unwrap();
+        drop(out);
+        drop(err);
+        io.drain(Duration::from_secs(5)).await;
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        assert!(log.contains(" stdout F out\n"), "{log}");
+        assert!(log.contains(" stdout F partial\n"), "{log}");
+        assert!(log.contains(" stderr F err\n"), "{log}");
+        let chunk = attached.recv().await.unwrap();
+        assert!(!chunk.data.is_empty());
+        io.remove();
+        assert!(!dir.path().join("io").exists());
+    }
+
+    #[tokio::test]
+    async fn drain_gives_up_on_a_writer_that_never_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = ContainerIo::create(&dir.path().join("io"), false, true).unwrap();
+        io.start(None).unwrap();
+        let _held = std::fs::OpenOptions::new()
+            .write(true)
+            .open(io.fifos().stdout.as_ref().unwrap())
+            .unwrap();
+        let started = std::time::Instant::now();
+        io.drain(Duration::from_millis(200)).await;
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,566 @@
+//! The runtime spec of a container: the image config merged with the CRI config, the pod's
+//! namespaces joined through the pause process, the pod's files mounted, and the CRI
+//! annotations.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use k8s_cri::v1::LinuxContainerResources;
+use k8s_cri::v1::{ContainerConfig, MountPropagation, NamespaceMode, PodSandboxConfig};
+use oci_spec::runtime::{
+    Capabilities, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
+    LinuxDeviceCgroupBuilder, LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxResources, LinuxResourcesBuilder, Mount, ProcessBuilder, RootBuilder,
+    Spec, SpecBuilder, UserBuilder,
+};
+
+use super::user::ResolvedUser;
+use super::{
+    MASKED_PATHS, OCI_VERSION, READONLY_PATHS, SpecError, annotations, cgroups_path,
+    default_capabilities, default_mounts, mount,
+};
+use crate::image::manifest::RunConfig;
+
+/// The pod's files a container gets mounted.
+pub struct PodFiles<'a> {
+    pub hosts: &'a Path,
+    pub hostname: &'a Path,
+    pub resolv_conf: &'a Path,
+    /// The pod's /dev/shm; the host's when the pod uses the host's IPC.
+    pub shm: &'a Path,
+}
+
+/// Everything a container's spec is made from.
+pub struct ContainerSpecInput<'a> {
+    pub id: &'a str,
+    pub namespace: &'a str,
+    pub config: &'a ContainerConfig,
+    pub sandbox_id: &'a str,
+    pub sandbox_config: &'a PodSandboxConfig,
+    /// The pause process, whose namespaces the container joins.
+    pub sandbox_pid: u32,
+    pub image: &'a RunConfig,
+    /// The image as the client named it.
+    pub image_name: &'a str,
+    pub user: &'a ResolvedUser,
+    pub pod_files: PodFiles<'a>,
+    pub systemd_cgroup: bool,
+    /// Already clamped to what crius may set.
+    pub oom_score_adj: Option<i32>,
+    pub passthrough_annotations: HashMap<String, String>,
+}
+
+/// The process arguments from the CRI command/args and the image's Entrypoint/Cmd, as
+/// Docker and containerd merge them.
+pub fn process_args(
+    command: &[String],
+    args: &[String],
+    image: &RunConfig,
+) -> Result<Vec<String>, SpecError> {
+    let mut command = command.to_vec();
+    let mut args = args.to_vec();
+    if command.is_empty() {
+        if args.is_empty() {
+            args = image.cmd.clone().unwrap_or_default();
+        }
+        let entrypoint = image.entrypoint.clone().unwrap_or_default();
+        // An entrypoint of [""] means "none", as Docker treats it.
+        if !(entrypoint.len() == 1 && entrypoint[0].is_empty()) {
+            command = entrypoint;
+        }
+    }
+    command.extend(args);
+    if command.is_empty() {
+        return Err(SpecError::Invalid(
+            "no command specified: neither the container config nor the image has one".to_string(),
+        ));
+    }
+    Ok(command)
+}
+
+/// The image's environment with the CRI's variables replacing those of the same name.
+pub fn merge_env(image_env: &[String], cri_env: &[(String, String)]) -> Vec<String> {
+    let mut env: Vec<String> = image_env.to_vec();
+    for (key, value) in cri_env {
+        let entry = format!("{key}={value}");
+        match env
+            .iter()
+            .position(|e| e.split_once('=').map(|(k, _)| k) == Some(key.as_str()))
+        {
+            Some(i) => env[i] = entry,
+            None => env.push(entry),
+        }
+    }
+    env
+}
+
+fn propagation_option(propagation: i32) -> &'static str {
+    match MountPropagation::try_from(propagation) {
+        Ok(MountPropagation::PropagationHostToContainer) => "rslave",
+        Ok(MountPropagation::PropagationBidirectional) => "rshared",
+        _ => "rprivate",
+    }
+}
+
+/// The CRI mounts: host paths must exist; a host path that is a symlink is followed.
+fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, SpecError> {
+    config
+        .mounts
+        .iter()
+        .map(|m| {
+            if m.container_path.is_empty() {
+                return Err(SpecError::Invalid(
+                    "a mount has no container_path".to_string(),
+                ));
+            }
+            let source = std::fs::canonicalize(&m.host_path).map_err(|e| {
+                SpecError::Invalid(format!("mount host path {:?}: {e}", m.host_path))
+            })?;
+            let access = if m.readonly { "ro" } else { "rw" };
+            mount(
+                &m.container_path,
+                "bind",
+                &source.display().to_string(),
+                &["rbind", propagation_option(m.propagation), access],
+            )
+        })
+        .collect()
+}
+
+/// The cgroup limits of a container: the CRI resources (zero means unset), devices denied
+/// by default.
+pub fn linux_resources(
+    resources: Option<&LinuxContainerResources>,
+) -> Result<LinuxResources, SpecError> {
+    let mut builder = LinuxResourcesBuilder::default().devices(vec![
+        LinuxDeviceCgroupBuilder::default()
+            .allow(false)
+            .access("rwm")
+            .build()?,
+    ]);
+    let Some(r) = resources else {
+        return Ok(builder.build()?);
+    };
+    let mut cpu = LinuxCpuBuilder::default();
+    let mut any_cpu = false;
+    if r.cpu_period > 0 {
+        cpu = cpu.period(r.cpu_period as u64);
+        any_cpu = true;
+    }
+    if r.cpu_quota != 0 {
+        cpu = cpu.quota(r.cpu_quota);
+        any_cpu = true;
+    }
+    if r.cpu_shares > 0 {
+        cpu = cpu.shares(r.cpu_shares as u64);
+        any_cpu = true;
+    }
+    if !r.cpuset_cpus.is_empty() {
+        cpu = cpu.cpus(r.cpuset_cpus.clone());
+        any_cpu = true;
+    }
+    if !r.cpuset_mems.is_empty() {
+        cpu = cpu.mems(r.cpuset_mems.clone());
+        any_cpu = true;
+    }
+    if any_cpu {
+        builder = builder.cpu(cpu.build()?);
+    }
+    if r.memory_limit_in_bytes > 0 {
+        // Without an explicit swap limit, no swap: swap+memory equals memory.
+        let swap = if r.memory_swap_limit_in_bytes > 0 {
+            r.memory_swap_limit_in_bytes
+        } else {
+            r.memory_limit_in_bytes
+        };
+        builder = builder.memory(
+            LinuxMemoryBuilder::default()
+                .limit(r.memory_limit_in_bytes)
+                .swap(swap)
+                .build()?,
+        );
+    }
+    if !r.hugepage_limits.is_empty() {
+        let limits = r
+            .hugepage_limits
+            .iter()
+            .map(|h| {
+                LinuxHugepageLimitBuilder::default()
+                    .page_size(h.page_size.clone())
+                    .limit(h.limit as i64)
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        builder = builder.hugepage_limits(limits);
+    }
+    if !r.unified.is_empty() {
+        builder = builder.unified(r.unified.clone());
+    }
+    Ok(builder.build()?)
+}
+
+pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError> {
+    let config = input.config;
+    let linux = config.linux.clone().unwrap_or_default();
+    let security = linux.security_context.clone().unwrap_or_default();
+    let pod_linux = input.sandbox_config.linux.clone().unwrap_or_default();
+    let pod_ns = pod_linux
+        .security_context
+        .as_ref()
+        .and_then(|s| s.namespace_options.clone())
+        .unwrap_or_default();
+    let ns = security.namespace_options.clone().unwrap_or(pod_ns.clone());
+
+    let args = process_args(&config.command, &config.args, input.image)?;
+    let cri_env: Vec<(String, String)> = config
+        .envs
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect();
+    let env = merge_env(&input.image.env.clone().unwrap_or_default(), &cri_env);
+    let cwd = if !config.working_dir.is_empty() {
+        config.working_dir.clone()
+    } else if !input.image.working_dir.is_empty() {
+        input.image.working_dir.clone()
+    } else {
+        "/".to_string()
+    };
+    let caps = default_capabilities();
+    let mut process = ProcessBuilder::default()
+        .terminal(config.tty)
+        .user(
+            UserBuilder::default()
+                .uid(input.user.uid)
+                .gid(input.user.gid)
+                .additional_gids(input.user.additional_gids.clone())
+                .build()?,
+        )
+        .args(args)
+        .env(env)
+        .cwd(cwd)
+        .capabilities(
+            LinuxCapabilitiesBuilder::default()
+                .bounding(caps.clone())
+                .effective(caps.clone())
+                .permitted(caps.clone())
+                .inheritable(Capabilities::new())
+                .ambient(Capabilities::new())
+                .build()?,
+        )
+        .no_new_privileges(security.no_new_privs)
+        .build()?;
+    process.set_rlimits(None);
+    process.set_oom_score_adj(input.oom_score_adj);
+
+    let proc_ns = |kind: &str| PathBuf::from(format!("/proc/{}/ns/{kind}", input.sandbox_pid));
+    let mut namespaces = vec![
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::Mount)
+            .build()?,
+    ];
+    if pod_ns.network != NamespaceMode::Node as i32 {
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Network)
+                .path(proc_ns("net"))
+                .build()?,
+        );
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Uts)
+                .path(proc_ns("uts"))
+                .build()?,
+        );
+    }
+    if pod_ns.ipc != NamespaceMode::Node as i32 {
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Ipc)
+                .path(proc_ns("ipc"))
+                .build()?,
+        );
+    }
+    match NamespaceMode::try_from(ns.pid).unwrap_or(NamespaceMode::Pod) {
+        NamespaceMode::Node => {}
+        NamespaceMode::Container => namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Pid)
+                .build()?,
+        ),
+        NamespaceMode::Pod | NamespaceMode::Target => namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Pid)
+                .path(proc_ns("pid"))
+                .build()?,
+        ),
+    }
+
+    let mut mounts = default_mounts()?;
+    mounts.retain(|m| m.destination() != &PathBuf::from("/dev/shm"));
+    mounts.push(mount(
+        "/sys/fs/cgroup",
+        "cgroup",
+        "cgroup",
+        &["nosuid", "noexec", "nodev", "relatime", "ro"],
+    )?);
+    let user_mounts = cri_mounts(config)?;
+    let taken = |dest: &str| {
+        user_mounts
+            .iter()
+            .any(|m| m.destination() == &PathBuf::from(dest))
+    };
+    let files_access = if security.readonly_rootfs { "ro" } else { "rw" };
+    for (dest, source) in [
+        ("/etc/hosts", input.pod_files.hosts),
+        ("/etc/hostname", input.pod_files.hostname),
+        ("/etc/resolv.conf", input.pod_files.resolv_conf),
+    ] {
+        if !taken(dest) {
+            mounts.push(mount(
+                dest,
+                "bind",
+                &source.display().to_string(),
+                &["rbind", "rprivate", files_access],
+            )?);
+        }
+    }
+    if !taken("/dev/shm") {
+        mounts.push(mount(
+            "/dev/shm",
+            "bind",
+            &input.pod_files.shm.display().to_string(),
+            &["rbind", "rprivate", "rw"],
+        )?);
+    }
+    mounts.extend(user_mounts);
+
+    let resources = linux_resources(linux.resources.as_ref())?;
+    let linux_spec = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .cgroups_path(PathBuf::from(cgroups_path(
+            &pod_linux.cgroup_parent,
+            input.id,
+            input.namespace,
+            input.systemd_cgroup,
+        )))
+        .resources(resources)
+        .masked_paths(
+            MASKED_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .readonly_paths(
+            READONLY_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .build()?;
+
+    let pod = input.sandbox_config.metadata.clone().unwrap_or_default();
+    let name = config.metadata.clone().unwrap_or_default().name;
+    let mut spec_annotations = input.passthrough_annotations.clone();
+    spec_annotations.extend([
+        (
+            annotations::CONTAINER_TYPE.to_string(),
+            annotations::CONTAINER_TYPE_CONTAINER.to_string(),
+        ),
+        (
+            annotations::SANDBOX_ID.to_string(),
+            input.sandbox_id.to_string(),
+        ),
+        (annotations::SANDBOX_NAME.to_string(), pod.name),
+        (annotations::SANDBOX_NAMESPACE.to_string(), pod.namespace),
+        (annotations::SANDBOX_UID.to_string(), pod.uid),
+        (annotations::CONTAINER_NAME.to_string(), name),
+        (
+            annotations::IMAGE_NAME.to_string(),
+            input.image_name.to_string(),
+        ),
+    ]);
+
+    let mut spec = SpecBuilder::default()
+        .version(OCI_VERSION)
+        .root(
+            RootBuilder::default()
+                .path(PathBuf::from("rootfs"))
+                .readonly(security.readonly_rootfs)
+                .build()?,
+        )
+        .process(process)
+        .mounts(mounts)
+        .linux(linux_spec)
+        .annotations(spec_annotations)
+        .build()?;
+    // Containers share the pod's UTS namespace and its hostname.
+    spec.set_hostname(None);
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_cri::v1::{ContainerMetadata, KeyValue, Mount as CriMount};
+
+    fn image(entrypoint: &[&str], cmd: &[&str]) -> RunConfig {
+        let strings = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect());
+        RunConfig {
+            entrypoint: strings(entrypoint),
+            cmd: strings(cmd),
+            env: Some(vec!["PATH=/bin".into(), "A=image".into()]),
+            ..Default::default()
+        }
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn command_and_args_merge_like_docker() {
+        let img = image(&["/entry"], &["cmd-arg"]);
+        assert_eq!(
+            process_args(&strings(&["/bin/x"]), &strings(&["a"]), &img).unwrap(),
+            strings(&["/bin/x", "a"])
+        );
+        assert_eq!(
+            process_args(&strings(&["/bin/x"]), &[], &img).unwrap(),
+            strings(&["/bin/x"])
+        );
+        assert_eq!(
+            process_args(&[], &strings(&["a"]), &img).unwrap(),
+            strings(&["/entry", "a"])
+        );
+        assert_eq!(
+            process_args(&[], &[], &img).unwrap(),
+            strings(&["/entry", "cmd-arg"])
+        );
+        assert_eq!(
+            process_args(&[], &[], &image(&[""], &["sh"])).unwrap(),
+            strings(&["sh"])
+        );
+        assert!(process_args(&[], &[], &image(&[], &[])).is_err());
+    }
+
+    #[test]
+    fn cri_env_overrides_image_env() {
+        let env = merge_env(
+            &strings(&["PATH=/bin", "A=image"]),
+            &[("A".into(), "cri".into()), ("B".into(), "new".into())],
+        );
+        assert_eq!(env, strings(&["PATH=/bin", "A=cri", "B=new"]));
+    }
+
+    #[test]
+    fn spec_joins_the_pod_and_mounts_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("data");
+        std::fs::create_dir(&target).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            command: strings(&["sleep", "1"]),
+            envs: vec![KeyValue {
+                key: "X".into(),
+                value: "1".into(),
+            }],
+            mounts: vec![CriMount {
+                container_path: "/data".into(),
+                host_path: link.display().to_string(),
+                readonly: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let pod = PodSandboxConfig::default();
+        let img = image(&[], &["sh"]);
+        let user = ResolvedUser {
+            uid: 1000,
+            gid: 1000,
+            additional_gids: vec![10],
+        };
+        let spec = container_spec(&ContainerSpecInput {
+            id: "cid",
+            namespace: "k8s.io",
+            config: &config,
+            sandbox_id: "sid",
+            sandbox_config: &pod,
+            sandbox_pid: 4242,
+            image: &img,
+            image_name: "busybox",
+            user: &user,
+            pod_files: PodFiles {
+                hosts: Path::new("/r/hosts"),
+                hostname: Path::new("/r/hostname"),
+                resolv_conf: Path::new("/r/resolv.conf"),
+                shm: Path::new("/s/shm"),
+            },
+            systemd_cgroup: false,
+            oom_score_adj: None,
+            passthrough_annotations: HashMap::new(),
+        })
+        .unwrap();
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["process"]["args"], serde_json::json!(["sleep", "1"]));
+        assert_eq!(json["process"]["user"]["uid"], 1000);
+        assert!(
+            json["process"]["env"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("X=1"))
+        );
+        let namespaces = json["linux"]["namespaces"].as_array().unwrap();
+        assert!(
+            namespaces
+                .iter()
+                .any(|n| n["type"] == "network" && n["path"] == "/proc/4242/ns/net")
+        );
+        assert!(
+            namespaces
+                .iter()
+                .any(|n| n["type"] == "pid" && n["path"] == "/proc/4242/ns/pid")
+        );
+        let mounts = json["mounts"].as_array().unwrap();
+        let data = mounts.iter().find(|m| m["destination"] == "/data").unwrap();
+        assert_eq!(
+            data["source"],
+            target.canonicalize().unwrap().display().to_string()
+        );
+        assert!(
+            data["options"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("ro"))
+        );
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["destination"] == "/etc/hosts" && m["source"] == "/r/hosts")
+        );
+        assert_eq!(
+            json["annotations"]["io.kubernetes.cri.container-name"],
+            "app"
+        );
+        assert!(json.get("hostname").is_none());
+        assert!(json["process"].get("rlimits").is_none());
+    }
+
+    #[test]
+    fn a_missing_host_path_is_an_error() {
+        let config = ContainerConfig {
+            mounts: vec![CriMount {
+                container_path: "/x".into(),
+                host_path: "/nonexistent/path".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let err = cri_mounts(&config).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/path"), "{err}");
+    }
+}

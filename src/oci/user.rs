@@ -1,0 +1,280 @@
+//! Users and groups of a container process, resolved as containerd does it: from the CRI
+//! security context or the image's `User`, with names looked up in the image's own
+//! `/etc/passwd` and `/etc/group`.
+
+use std::path::{Path, PathBuf};
+
+use super::SpecError;
+
+/// The uid, gid and supplementary groups a process runs with.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResolvedUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub additional_gids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PasswdEntry {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct GroupEntry {
+    name: String,
+    gid: u32,
+    members: Vec<String>,
+}
+
+fn parse_passwd(text: &str) -> Vec<PasswdEntry> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            Some(PasswdEntry {
+                name: fields.first()?.to_string(),
+                uid: fields.get(2)?.parse().ok()?,
+                gid: fields.get(3)?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn parse_group(text: &str) -> Vec<GroupEntry> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            Some(GroupEntry {
+                name: fields.first()?.to_string(),
+                gid: fields.get(2)?.parse().ok()?,
+                members: fields
+                    .get(3)
+                    .map(|m| {
+                        m.split(',')
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// The image's account files (empty when the image has none).
+#[derive(Debug, Clone, Default)]
+pub struct AccountFiles {
+    pub passwd: String,
+    pub group: String,
+}
+
+impl AccountFiles {
+    /// Reads `/etc/passwd` and `/etc/group` from a rootfs given as directories searched in
+    /// order (an overlay's upper dir, then its lower dirs, top first).
+    pub fn from_layers(layers: &[PathBuf]) -> Self {
+        let read = |path: &str| {
+            layers
+                .iter()
+                .find_map(|dir| std::fs::read_to_string(dir.join(path)).ok())
+                .unwrap_or_default()
+        };
+        Self {
+            passwd: read("etc/passwd"),
+            group: read("etc/group"),
+        }
+    }
+}
+
+/// The directories of a snapshot's mounts, top first: overlay upper and lower dirs, or a
+/// bind mount's source.
+pub fn rootfs_layers(mounts: &[containerd_client::types::Mount]) -> Vec<PathBuf> {
+    let mut layers = Vec::new();
+    for mount in mounts {
+        if mount.r#type == "overlay" {
+            for option in &mount.options {
+                if let Some(upper) = option.strip_prefix("upperdir=") {
+                    layers.insert(0, PathBuf::from(upper));
+                }
+            }
+            for option in &mount.options {
+                if let Some(lower) = option.strip_prefix("lowerdir=") {
+                    layers.extend(lower.split(':').map(PathBuf::from));
+                }
+            }
+        } else if !mount.source.is_empty() && Path::new(&mount.source).is_dir() {
+            layers.push(PathBuf::from(&mount.source));
+        }
+    }
+    layers
+}
+
+/// The user string as containerd builds it from the CRI fields: `uid` or `name`, with
+/// `:gid` when a group is set; empty when nothing is set.
+pub fn cri_user_string(
+    run_as_user: Option<i64>,
+    run_as_username: &str,
+    run_as_group: Option<i64>,
+) -> Result<String, SpecError> {
+    let mut user = match run_as_user {
+        Some(uid) => uid.to_string(),
+        None => run_as_username.to_string(),
+    };
+    if let Some(gid) = run_as_group {
+        if user.is_empty() {
+            return Err(SpecError::Invalid(
+                "run_as_group is set without run_as_user or run_as_username".to_string(),
+            ));
+        }
+        user = format!("{user}:{gid}");
+    }
+    Ok(user)
+}
+
+/// Resolves `user` (`uid`, `name`, `uid:gid`, `name:group`, or empty for root) against the
+/// image's account files, adding the groups that list the user and `supplemental` ones.
+pub fn resolve(
+    user: &str,
+    files: &AccountFiles,
+    supplemental: &[i64],
+) -> Result<ResolvedUser, SpecError> {
+    let passwd = parse_passwd(&files.passwd);
+    let groups = parse_group(&files.group);
+    let (user_part, group_part) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let (uid, primary_gid, name) = if user_part.is_empty() {
+        (
+            0,
+            0,
+            passwd.iter().find(|p| p.uid == 0).map(|p| p.name.clone()),
+        )
+    } else if let Ok(uid) = user_part.parse::<u32>() {
+        let entry = passwd.iter().find(|p| p.uid == uid);
+        (
+            uid,
+            entry.map_or(0, |e| e.gid),
+            entry.map(|e| e.name.clone()),
+        )
+    } else {
+        let entry = passwd.iter().find(|p| p.name == user_part).ok_or_else(|| {
+            SpecError::Invalid(format!(
+                "user {user_part:?} not found in the image's /etc/passwd"
+            ))
+        })?;
+        (entry.uid, entry.gid, Some(entry.name.clone()))
+    };
+    let gid = match group_part {
+        None | Some("") => primary_gid,
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => {
+                groups
+                    .iter()
+                    .find(|e| e.name == g)
+                    .ok_or_else(|| {
+                        SpecError::Invalid(format!(
+                            "group {g:?} not found in the image's /etc/group"
+                        ))
+                    })?
+                    .gid
+            }
+        },
+    };
+    let mut additional_gids: Vec<u32> = Vec::new();
+    if let Some(name) = &name {
+        for group in &groups {
+            if &group.name != name
+                && group.members.iter().any(|m| m == name)
+                && !additional_gids.contains(&group.gid)
+            {
+                additional_gids.push(group.gid);
+            }
+        }
+    }
+    for g in supplemental {
+        let g = u32::try_from(*g)
+            .map_err(|_| SpecError::Invalid(format!("supplemental group {g} is out of range")))?;
+        if !additional_gids.contains(&g) {
+            additional_gids.push(g);
+        }
+    }
+    Ok(ResolvedUser {
+        uid,
+        gid,
+        additional_gids,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files() -> AccountFiles {
+        AccountFiles {
+            passwd: "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n".into(),
+            group: "root:x:0:\nusers:x:100:user\nuser:x:1000:\nwheel:x:10:user,other\nnogroup:x:65534:\n".into(),
+        }
+    }
+
+    #[test]
+    fn names_and_numbers_resolve_like_containerd() {
+        let f = files();
+        assert_eq!(resolve("", &f, &[]).unwrap(), ResolvedUser::default());
+        let user = resolve("user", &f, &[]).unwrap();
+        assert_eq!((user.uid, user.gid), (1000, 1000));
+        assert_eq!(user.additional_gids, vec![100, 10]);
+        assert_eq!(resolve("1000", &f, &[]).unwrap().gid, 1000);
+        // A uid the image does not know runs with gid 0.
+        assert_eq!(
+            resolve("4242", &f, &[]).unwrap(),
+            ResolvedUser {
+                uid: 4242,
+                gid: 0,
+                additional_gids: vec![]
+            }
+        );
+        let nobody = resolve("nobody:users", &f, &[5]).unwrap();
+        assert_eq!((nobody.uid, nobody.gid), (65534, 100));
+        assert_eq!(nobody.additional_gids, vec![5]);
+        assert_eq!(resolve("1000:2000", &f, &[3000]).unwrap().gid, 2000);
+        assert!(resolve("ghost", &f, &[]).is_err());
+        assert!(resolve("user:ghosts", &f, &[]).is_err());
+    }
+
+    #[test]
+    fn cri_fields_make_the_user_string() {
+        assert_eq!(
+            cri_user_string(Some(1000), "", Some(2000)).unwrap(),
+            "1000:2000"
+        );
+        assert_eq!(cri_user_string(None, "nobody", None).unwrap(), "nobody");
+        assert_eq!(cri_user_string(None, "", None).unwrap(), "");
+        assert!(cri_user_string(None, "", Some(1)).is_err());
+    }
+
+    #[test]
+    fn overlay_layers_top_first() {
+        let mount = containerd_client::types::Mount {
+            r#type: "overlay".into(),
+            source: "overlay".into(),
+            target: String::new(),
+            options: vec![
+                "workdir=/w".into(),
+                "upperdir=/u".into(),
+                "lowerdir=/l1:/l2".into(),
+            ],
+        };
+        assert_eq!(
+            rootfs_layers(&[mount]),
+            vec![
+                PathBuf::from("/u"),
+                PathBuf::from("/l1"),
+                PathBuf::from("/l2")
+            ]
+        );
+    }
+}

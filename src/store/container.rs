@@ -1,0 +1,264 @@
+//! The container store: every container, by ID (or unique prefix), with its metadata, its
+//! status (persisted to a file on every change, so a restart of crius loses nothing), its
+//! stdio, and a signal for "it has exited".
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use k8s_cri::v1::ContainerConfig;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::id_index::{IdIndex, IdLookupError};
+use crate::io::ContainerIo;
+
+/// What crius keeps about a container beyond containerd's record; persisted as an
+/// extension of the containerd container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContainerMetadata {
+    pub id: String,
+    /// `<name>_<pod name>_<pod namespace>_<pod uid>_<attempt>`.
+    pub name: String,
+    pub sandbox_id: String,
+    pub config: ContainerConfig,
+    /// The image ID.
+    pub image_ref: String,
+    /// The image as the client named it.
+    pub image_name: String,
+    /// Empty when the pod has no log directory or the container no log path.
+    pub log_path: String,
+    /// The image's stop signal (empty: SIGTERM).
+    pub stop_signal: String,
+    /// Nanoseconds since the epoch.
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// What containerd does not keep: times, exit code, reason and message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    pub state: ContainerState,
+    pub pid: u32,
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    pub reason: String,
+    pub message: String,
+}
+
+impl ContainerStatus {
+    pub fn created(at: i64) -> Self {
+        Self {
+            state: ContainerState::Created,
+            pid: 0,
+            created_at: at,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+}
+
+/// One container.
+pub struct Container {
+    pub metadata: ContainerMetadata,
+    status: Mutex<ContainerStatus>,
+    status_path: PathBuf,
+    pub io: Arc<ContainerIo>,
+    /// The process part of the runtime spec, the template of exec processes.
+    pub process_spec: serde_json::Value,
+    /// True once the container has exited (or never will run).
+    exited: watch::Sender<bool>,
+    /// Set when containerd reported an OOM kill for the container.
+    oom_killed: std::sync::atomic::AtomicBool,
+    /// Serialises create/start/remove transitions.
+    pub lifecycle: tokio::sync::Mutex<()>,
+}
+
+impl Container {
+    pub fn new(
+        metadata: ContainerMetadata,
+        status: ContainerStatus,
+        status_path: PathBuf,
+        io: Arc<ContainerIo>,
+        process_spec: serde_json::Value,
+    ) -> Self {
+        let done = status.state == ContainerState::Exited;
+        Self {
+            metadata,
+            status: Mutex::new(status),
+            status_path,
+            io,
+            process_spec,
+            exited: watch::channel(done).0,
+            oom_killed: std::sync::atomic::AtomicBool::new(false),
+            lifecycle: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.metadata.id
+    }
+
+    pub fn status(&self) -> ContainerStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Changes the status and writes it to the status file (atomically).
+    pub fn update_status(&self, update: impl FnOnce(&mut ContainerStatus)) -> ContainerStatus {
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        update(&mut status);
+        let snapshot = status.clone();
+        match serde_json::to_vec(&snapshot) {
+            Ok(bytes) => {
+                if let Err(e) = crate::fsutil::write_atomic(&self.status_path, &bytes, 0o600) {
+                    tracing::error!(container = %self.metadata.id, error = %e, "persisting container status failed");
+                }
+            }
+            Err(e) => {
+                tracing::error!(container = %self.metadata.id, error = %e, "encoding container status failed")
+            }
+        }
+        if snapshot.state == ContainerState::Exited {
+            self.exited.send_replace(true);
+        }
+        snapshot
+    }
+
+    /// Waits until the container has exited.
+    pub async fn wait_exited(&self) {
+        let mut rx = self.exited.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    pub fn mark_oom_killed(&self) {
+        self.oom_killed
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn oom_killed(&self) -> bool {
+        self.oom_killed.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// Reads a persisted status file.
+pub fn read_status(path: &std::path::Path) -> std::io::Result<ContainerStatus> {
+    let bytes = std::fs::read(path)?;
+    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
+#[derive(Default)]
+struct Inner {
+    containers: HashMap<String, Arc<Container>>,
+    ids: IdIndex,
+}
+
+#[derive(Default)]
+pub struct ContainerStore {
+    inner: RwLock<Inner>,
+}
+
+impl ContainerStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add(&self, container: Arc<Container>) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.ids.insert(container.id());
+        inner
+            .containers
+            .insert(container.id().to_string(), container);
+    }
+
+    pub fn remove(&self, id: &str) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.ids.remove(id);
+        inner.containers.remove(id);
+    }
+
+    /// The container whose ID is `id` or starts with it.
+    pub fn get(&self, id: &str) -> Result<Option<Arc<Container>>, IdLookupError> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(container) = inner.containers.get(id) {
+            return Ok(Some(container.clone()));
+        }
+        Ok(inner
+            .ids
+            .get(id)?
+            .and_then(|full| inner.containers.get(full).cloned()))
+    }
+
+    pub fn list(&self) -> Vec<Arc<Container>> {
+        self.inner
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .containers
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The containers of one sandbox.
+    pub fn in_sandbox(&self, sandbox_id: &str) -> Vec<Arc<Container>> {
+        self.list()
+            .into_iter()
+            .filter(|c| c.metadata.sandbox_id == sandbox_id)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn status_changes_are_persisted_and_exit_is_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = Arc::new(ContainerIo::create(&dir.path().join("io"), false, false).unwrap());
+        let path = dir.path().join("status");
+        let container = Arc::new(Container::new(
+            ContainerMetadata {
+                id: "c1".into(),
+                name: "n".into(),
+                sandbox_id: "s".into(),
+                config: ContainerConfig::default(),
+                image_ref: "sha256:x".into(),
+                image_name: "busybox".into(),
+                log_path: String::new(),
+                stop_signal: String::new(),
+                created_at: 1,
+            },
+            ContainerStatus::created(1),
+            path.clone(),
+            io,
+            serde_json::Value::Null,
+        ));
+        let waiter = {
+            let c = container.clone();
+            tokio::spawn(async move { c.wait_exited().await })
+        };
+        container.update_status(|s| {
+            s.state = ContainerState::Exited;
+            s.exit_code = 3;
+        });
+        waiter.await.unwrap();
+        let read = read_status(&path).unwrap();
+        assert_eq!(read.exit_code, 3);
+        assert_eq!(read.state, ContainerState::Exited);
+    }
+}

@@ -1,0 +1,900 @@
+//! Containers against the real containerd and runc: create/start/stop/remove, the CRI log,
+//! exit codes and reasons, entrypoint merging, users, mounts, ExecSync, log reopening,
+//! start failures, concurrency and recovery after a crius restart.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Crius, Testbed, eventually, pod_config};
+use crius::client::CriClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStateValue,
+    ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, Int64Value,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, Mount,
+    NamespaceMode, NamespaceOption, PodSandboxConfig, PullImageRequest, RemoveContainerRequest,
+    RemovePodSandboxRequest, ReopenContainerLogRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest,
+};
+
+fn image(name: &str) -> String {
+    format!("{}/{name}", Testbed::from_env().registry)
+}
+
+/// A running host-network pod whose logs go under the test's directory.
+struct Pod {
+    client: CriClient,
+    id: String,
+    config: PodSandboxConfig,
+}
+
+async fn pod(crius: &Crius, name: &str) -> Pod {
+    let mut client = crius.client().await;
+    for img in [
+        "busybox:latest",
+        "busybox-entry:latest",
+        "busybox-user:nobody",
+    ] {
+        client
+            .image
+            .pull_image(PullImageRequest {
+                image: Some(ImageSpec {
+                    image: image(img),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("pull");
+    }
+    let mut config = pod_config(name);
+    config.log_directory = crius
+        .dir
+        .path()
+        .join("logs")
+        .join(name)
+        .display()
+        .to_string();
+    config.linux = Some(LinuxPodSandboxConfig {
+        security_context: Some(LinuxSandboxSecurityContext {
+            namespace_options: Some(NamespaceOption {
+                network: NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let id = client
+        .runtime
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("run pod")
+        .into_inner()
+        .pod_sandbox_id;
+    Pod { client, id, config }
+}
+
+fn container(name: &str, img: &str, command: &[&str]) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.to_string(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: image(img),
+            ..Default::default()
+        }),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        log_path: format!("{name}.log"),
+        labels: HashMap::from([("name".to_string(), name.to_string())]),
+        ..Default::default()
+    }
+}
+
+impl Pod {
+    async fn create(&mut self, config: ContainerConfig) -> Result<String, tonic::Status> {
+        self.client
+            .runtime
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: self.id.clone(),
+                config: Some(config),
+                sandbox_config: Some(self.config.clone()),
+            })
+            .await
+            .map(|r| r.into_inner().container_id)
+    }
+
+    async fn start(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.client
+            .runtime
+            .start_container(StartContainerRequest {
+                container_id: id.to_string(),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn run(&mut self, config: ContainerConfig) -> String {
+        let id = self.create(config).await.expect("create container");
+        self.start(&id).await.expect("start container");
+        id
+    }
+
+    async fn status(&mut self, id: &str) -> (k8s_cri::v1::ContainerStatus, serde_json::Value) {
+        let resp = self
+            .client
+            .runtime
+            .container_status(ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: true,
+            })
+            .await
+            .expect("container status")
+            .into_inner();
+        (
+            resp.status.expect("status"),
+            serde_json::from_str(&resp.info["info"]).expect("info"),
+        )
+    }
+
+    async fn wait_exited(&mut self, id: &str) -> k8s_cri::v1::ContainerStatus {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, _) = self.status(id).await;
+            if status.state == ContainerState::ContainerExited as i32 {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "container {id} did not exit: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn exec(
+        &mut self,
+        id: &str,
+        cmd: &[&str],
+        timeout: i64,
+    ) -> Result<(String, String, i32), tonic::Status> {
+        self.client
+            .runtime
+            .exec_sync(ExecSyncRequest {
+                container_id: id.to_string(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout,
+            })
+            .await
+            .map(|r| {
+                let r = r.into_inner();
+                (
+                    String::from_utf8_lossy(&r.stdout).into_owned(),
+                    String::from_utf8_lossy(&r.stderr).into_owned(),
+                    r.exit_code,
+                )
+            })
+    }
+
+    async fn stop(&mut self, id: &str, timeout: i64) {
+        self.client
+            .runtime
+            .stop_container(StopContainerRequest {
+                container_id: id.to_string(),
+                timeout,
+            })
+            .await
+            .expect("stop container");
+    }
+
+    async fn remove(&mut self, id: &str) {
+        self.client
+            .runtime
+            .remove_container(RemoveContainerRequest {
+                container_id: id.to_string(),
+            })
+            .await
+            .expect("remove container");
+    }
+
+    fn log_path(&self, name: &str) -> std::path::PathBuf {
+        Path::new(&self.config.log_directory).join(format!("{name}.log"))
+    }
+
+    async fn remove_pod(mut self) {
+        self.client
+            .runtime
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: self.id.clone(),
+            })
+            .await
+            .expect("remove pod");
+    }
+}
+
+async fn log_contains(path: &Path, needle: &str) -> bool {
+    let path = path.to_path_buf();
+    let needle = needle.to_string();
+    eventually(Duration::from_secs(5), || {
+        let (path, needle) = (path.clone(), needle.clone());
+        async move {
+            std::fs::read_to_string(&path)
+                .map(|l| l.contains(&needle))
+                .unwrap_or(false)
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_running_container_logs_both_streams_and_reports_a_complete_status() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "logs").await;
+    let id = pod
+        .run(container(
+            "app",
+            "busybox:latest",
+            &["sh", "-c", "echo out; echo err >&2; sleep 1000"],
+        ))
+        .await;
+    let (status, info) = pod.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+    assert!(status.created_at > 0 && status.started_at >= status.created_at);
+    assert_eq!(status.metadata.unwrap().name, "app");
+    assert_eq!(status.image.unwrap().image, image("busybox:latest"));
+    assert!(
+        status
+            .image_ref
+            .starts_with(&format!("{}@sha256:", image("busybox"))),
+        "{}",
+        status.image_ref
+    );
+    assert_eq!(status.labels["name"], "app");
+    assert_eq!(status.log_path, pod.log_path("app").display().to_string());
+    assert_eq!(info["sandboxID"], pod.id);
+    assert!(info["pid"].as_u64().unwrap() > 0);
+    assert_eq!(info["runtimeSpec"]["process"]["args"][0], "sh");
+
+    let log = pod.log_path("app");
+    assert!(
+        log_contains(&log, " stdout F out\n").await,
+        "{:?}",
+        std::fs::read_to_string(&log)
+    );
+    assert!(log_contains(&log, " stderr F err\n").await);
+    let first = std::fs::read_to_string(&log).unwrap();
+    let line = first.lines().next().unwrap();
+    let time = line.split(' ').next().unwrap();
+    assert!(humantime::parse_rfc3339(time).is_ok(), "{line}");
+
+    pod.stop(&id, 0).await;
+    let status = pod.wait_exited(&id).await;
+    assert_eq!(status.exit_code, 137);
+    pod.remove(&id).await;
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn a_long_line_becomes_partial_entries_and_a_full_tail() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "longline").await;
+    let id = pod
+        .run(container(
+            "long",
+            "busybox:latest",
+            &["sh", "-c", "head -c 102400 /dev/zero | tr '\\000' x"],
+        ))
+        .await;
+    let status = pod.wait_exited(&id).await;
+    assert_eq!(status.exit_code, 0);
+    let log = std::fs::read_to_string(pod.log_path("long")).unwrap();
+    let entries: Vec<(&str, &str)> = log
+        .lines()
+        .map(|l| {
+            let mut parts = l.splitn(4, ' ');
+            let _time = parts.next();
+            let _stream = parts.next();
+            (parts.next().unwrap(), parts.next().unwrap_or(""))
+        })
+        .collect();
+    assert_eq!(entries.len(), 7, "{}", entries.len());
+    assert!(
+        entries[..6]
+            .iter()
+            .all(|(tag, c)| *tag == "P" && c.len() == 16 * 1024)
+    );
+    assert_eq!(entries[6].0, "F");
+    let total: usize = entries.iter().map(|(_, c)| c.len()).sum();
+    assert_eq!(total, 102400);
+    assert!(entries.iter().all(|(_, c)| c.bytes().all(|b| b == b'x')));
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn exit_codes_and_reasons() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "exits").await;
+    let failing = pod
+        .run(container(
+            "three",
+            "busybox:latest",
+            &["sh", "-c", "exit 3"],
+        ))
+        .await;
+    let ok = pod
+        .run(container("zero", "busybox:latest", &["true"]))
+        .await;
+    let status = pod.wait_exited(&failing).await;
+    assert_eq!((status.exit_code, status.reason.as_str()), (3, "Error"));
+    assert!(status.finished_at >= status.started_at);
+    let status = pod.wait_exited(&ok).await;
+    assert_eq!((status.exit_code, status.reason.as_str()), (0, "Completed"));
+
+    let mut hog = container(
+        "hog",
+        "busybox:latest",
+        &["sh", "-c", "x=a; while true; do x=$x$x$x$x; done"],
+    );
+    hog.linux = Some(LinuxContainerConfig {
+        resources: Some(LinuxContainerResources {
+            memory_limit_in_bytes: 32 * 1024 * 1024,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let hog = pod.run(hog).await;
+    let status = pod.wait_exited(&hog).await;
+    assert_eq!(status.reason, "OOMKilled", "{status:?}");
+    assert_eq!(status.exit_code, 137);
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn stop_kills_a_process_that_ignores_sigterm_after_the_timeout() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "stubborn").await;
+    let id = pod
+        .run(container(
+            "stubborn",
+            "busybox:latest",
+            &["sh", "-c", "trap '' TERM; sleep 1000 & wait"],
+        ))
+        .await;
+    let started = Instant::now();
+    pod.stop(&id, 2).await;
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(5),
+        "{elapsed:?}"
+    );
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerExited as i32);
+    assert_eq!(status.exit_code, 137);
+    // Stopping again, and stopping a created container, succeed at once.
+    pod.stop(&id, 2).await;
+    let created = pod
+        .create(container("idle", "busybox:latest", &["sleep", "1"]))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    pod.stop(&created, 10).await;
+    assert!(started.elapsed() < Duration::from_secs(1));
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn command_and_args_merge_with_the_image_entrypoint_and_cmd() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "merge").await;
+    let cases: [(&str, &[&str], &[&str], &str); 4] = [
+        ("both", &["/bin/echo", "cmd"], &["arg"], "cmd arg"),
+        ("command", &["/bin/echo", "cmd"], &[], "cmd"),
+        ("args", &[], &["arg"], "arg"),
+        ("neither", &[], &[], "image-cmd"),
+    ];
+    for (name, command, args, expected) in cases {
+        let mut config = container(name, "busybox-entry:latest", command);
+        config.args = args.iter().map(|s| s.to_string()).collect();
+        let id = pod.run(config).await;
+        pod.wait_exited(&id).await;
+        let log = std::fs::read_to_string(pod.log_path(name)).unwrap();
+        assert!(
+            log.ends_with(&format!(" stdout F {expected}\n")),
+            "{name}: {log}"
+        );
+        let (_, info) = pod.status(&id).await;
+        let spec_args: Vec<String> =
+            serde_json::from_value(info["runtimeSpec"]["process"]["args"].clone()).unwrap();
+        let mut want = vec!["/bin/echo".to_string()];
+        want.extend(expected.split(' ').map(str::to_string));
+        assert_eq!(spec_args, want, "{name}");
+    }
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn users_from_the_image_and_the_security_context() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "users").await;
+    let sleep = ["sleep", "1000"];
+    let nobody = pod
+        .run(container("nobody", "busybox-user:nobody", &sleep))
+        .await;
+    let (out, _, code) = pod.exec(&nobody, &["id"], 5).await.unwrap();
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("uid=65534(nobody) gid=65534(nogroup)"),
+        "{out}"
+    );
+
+    let mut named = container("named", "busybox:latest", &sleep);
+    named.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            run_as_username: "user".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let named = pod.run(named).await;
+    let (out, _, _) = pod.exec(&named, &["id"], 5).await.unwrap();
+    assert!(
+        out.starts_with("uid=1000(user) gid=1000(user)") && out.contains("100(users)"),
+        "{out}"
+    );
+
+    let mut numeric = container("numeric", "busybox:latest", &sleep);
+    numeric.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            run_as_user: Some(Int64Value { value: 1000 }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let numeric = pod.run(numeric).await;
+    let (out, _, _) = pod.exec(&numeric, &["id", "-u"], 5).await.unwrap();
+    assert_eq!(out.trim(), "1000");
+
+    let mut unknown = container("ghost", "busybox:latest", &sleep);
+    unknown.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            run_as_username: "ghost".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let err = pod.create(unknown).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("ghost"), "{}", err.message());
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn volumes_rw_ro_and_through_a_symlink() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "volumes").await;
+    let host = crius.dir.path().join("volumes");
+    std::fs::create_dir_all(host.join("rw")).unwrap();
+    std::fs::create_dir_all(host.join("ro")).unwrap();
+    std::fs::create_dir_all(host.join("target")).unwrap();
+    std::fs::write(host.join("target/file"), "through the link").unwrap();
+    std::os::unix::fs::symlink(host.join("target"), host.join("link")).unwrap();
+    let mut config = container("vol", "busybox:latest", &["sleep", "1000"]);
+    config.mounts = vec![
+        Mount {
+            container_path: "/rw".into(),
+            host_path: host.join("rw").display().to_string(),
+            ..Default::default()
+        },
+        Mount {
+            container_path: "/ro".into(),
+            host_path: host.join("ro").display().to_string(),
+            readonly: true,
+            ..Default::default()
+        },
+        Mount {
+            container_path: "/linked".into(),
+            host_path: host.join("link").display().to_string(),
+            readonly: true,
+            ..Default::default()
+        },
+    ];
+    let id = pod.run(config).await;
+    let (_, _, code) = pod
+        .exec(&id, &["sh", "-c", "echo hi > /rw/f"], 5)
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(host.join("rw/f")).unwrap(), "hi\n");
+    let (_, err, code) = pod
+        .exec(&id, &["sh", "-c", "echo hi > /ro/f"], 5)
+        .await
+        .unwrap();
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only"), "{err}");
+    let (out, _, _) = pod.exec(&id, &["cat", "/linked/file"], 5).await.unwrap();
+    assert_eq!(out, "through the link");
+
+    let mut missing = container("missing", "busybox:latest", &["true"]);
+    missing.mounts = vec![Mount {
+        container_path: "/x".into(),
+        host_path: "/nonexistent/host/path".into(),
+        ..Default::default()
+    }];
+    let err = pod.create(missing).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn exec_sync_output_exit_code_timeout_and_background_children() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "exec").await;
+    let id = pod
+        .run(container("exec", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (out, err, code) = pod
+        .exec(&id, &["sh", "-c", "echo o; echo e >&2; exit 4"], 10)
+        .await
+        .unwrap();
+    assert_eq!((out.as_str(), err.as_str(), code), ("o\n", "e\n", 4));
+
+    let started = Instant::now();
+    let timeout = pod.exec(&id, &["sleep", "10"], 1).await.unwrap_err();
+    assert_eq!(timeout.code(), tonic::Code::DeadlineExceeded);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    let (_, _, code) = pod
+        .exec(&id, &["sh", "-c", "sleep 100 &"], 10)
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Exec in a container that is not running is refused.
+    let created = pod
+        .create(container("idle", "busybox:latest", &["true"]))
+        .await
+        .unwrap();
+    let err = pod.exec(&created, &["true"], 1).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn reopen_container_log_writes_to_a_new_file() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "reopen").await;
+    let id = pod
+        .run(container(
+            "ticker",
+            "busybox:latest",
+            &["sh", "-c", "while true; do echo tick; sleep 0.1; done"],
+        ))
+        .await;
+    let log = pod.log_path("ticker");
+    assert!(log_contains(&log, "tick").await);
+    let rotated = log.with_extension("log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    pod.client
+        .runtime
+        .reopen_container_log(ReopenContainerLogRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("reopen");
+    assert!(
+        log_contains(&log, "tick").await,
+        "no new lines in the new file"
+    );
+    pod.stop(&id, 0).await;
+    let err = pod
+        .client
+        .runtime
+        .reopen_container_log(ReopenContainerLogRequest { container_id: id })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn removing_a_running_container_leaves_nothing() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "rm").await;
+    let id = pod
+        .run(container("victim", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let log = pod.log_path("victim");
+    pod.remove(&id).await;
+    pod.remove(&id).await;
+    assert!(!crius.ctr(&["containers", "ls", "-q"]).contains(&id));
+    assert!(!crius.ctr(&["tasks", "ls"]).contains(&id));
+    assert!(!crius.ctr(&["snapshots", "ls"]).contains(&id));
+    assert!(
+        !crius.config.state.join("containers").join(&id).exists(),
+        "FIFOs left"
+    );
+    assert!(
+        !crius.config.root.join("containers").join(&id).exists(),
+        "status left"
+    );
+    assert!(log.exists(), "the log file stays for kubelet");
+    // The name is free again.
+    let again = pod
+        .run(container("victim", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    assert_ne!(again, id);
+    let err = pod
+        .create(container("victim", "busybox:latest", &["true"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    pod.remove_pod().await;
+    assert!(
+        !crius.ctr(&["containers", "ls", "-q"]).contains(&again),
+        "pod removal removes its containers"
+    );
+}
+
+#[tokio::test]
+async fn a_start_failure_is_exited_with_start_error() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "startfail").await;
+    let id = pod
+        .create(container("bad", "busybox:latest", &["/no/such/command"]))
+        .await
+        .unwrap();
+    let err = pod.start(&id).await.unwrap_err();
+    assert!(
+        err.message().contains("no/such/command"),
+        "{}",
+        err.message()
+    );
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerExited as i32);
+    assert_eq!(status.reason, "StartError");
+    assert_eq!(status.exit_code, 128);
+    assert!(!status.message.is_empty());
+    assert!(!crius.ctr(&["tasks", "ls"]).contains(&id));
+    // Unknown images are NOT_FOUND: crius does not pull on create.
+    let err = pod
+        .create(container("noimage", "nosuch:image", &["true"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn list_containers_filters() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "listing").await;
+    let running = pod
+        .run(container("running", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let created = pod
+        .create(container("created", "busybox:latest", &["true"]))
+        .await
+        .unwrap();
+    let list = |filter: ContainerFilter| {
+        let mut client = pod.client.clone();
+        async move {
+            let mut ids: Vec<String> = client
+                .runtime
+                .list_containers(ListContainersRequest {
+                    filter: Some(filter),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .containers
+                .into_iter()
+                .map(|c| c.id)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let mut both = vec![running.clone(), created.clone()];
+    both.sort();
+    assert_eq!(list(ContainerFilter::default()).await, both);
+    assert_eq!(
+        list(ContainerFilter {
+            pod_sandbox_id: pod.id[..8].to_string(),
+            ..Default::default()
+        })
+        .await,
+        both
+    );
+    assert_eq!(
+        list(ContainerFilter {
+            id: running[..10].to_string(),
+            ..Default::default()
+        })
+        .await,
+        vec![running.clone()]
+    );
+    assert_eq!(
+        list(ContainerFilter {
+            state: Some(ContainerStateValue {
+                state: ContainerState::ContainerCreated as i32
+            }),
+            ..Default::default()
+        })
+        .await,
+        vec![created.clone()]
+    );
+    assert_eq!(
+        list(ContainerFilter {
+            label_selector: HashMap::from([("name".to_string(), "running".to_string())]),
+            ..Default::default()
+        })
+        .await,
+        vec![running.clone()]
+    );
+    assert!(
+        list(ContainerFilter {
+            pod_sandbox_id: "nosuchpod".into(),
+            ..Default::default()
+        })
+        .await
+        .is_empty()
+    );
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn twenty_pods_with_three_containers_each_concurrently() {
+    let crius = Crius::start().await;
+    let first = pod(&crius, "warm").await;
+    first.remove_pod().await;
+    let mut handles = Vec::new();
+    for i in 0..20 {
+        let crius_client = crius.client().await;
+        let dir = crius.dir.path().to_path_buf();
+        handles.push(tokio::spawn(async move {
+            let mut config = pod_config(&format!("p{i}"));
+            config.log_directory = dir.join("logs").join(format!("p{i}")).display().to_string();
+            config.linux = Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            let mut client = crius_client;
+            let id = client
+                .runtime
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(config.clone()),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .expect("run pod")
+                .into_inner()
+                .pod_sandbox_id;
+            let mut pod = Pod { client, id, config };
+            let mut ids = Vec::new();
+            for c in 0..3 {
+                ids.push(
+                    pod.run(container(
+                        &format!("c{c}"),
+                        "busybox:latest",
+                        &["sleep", "1000"],
+                    ))
+                    .await,
+                );
+            }
+            let listed = pod
+                .client
+                .runtime
+                .list_containers(ListContainersRequest {
+                    filter: Some(ContainerFilter {
+                        pod_sandbox_id: pod.id.clone(),
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .containers;
+            assert_eq!(listed.len(), 3);
+            for id in &ids {
+                pod.stop(id, 0).await;
+                pod.remove(id).await;
+            }
+            pod.remove_pod().await;
+        }));
+    }
+    for h in handles {
+        h.await.expect("pod task");
+    }
+    assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
+    assert_eq!(crius.ctr(&["tasks", "ls", "-q"]).trim(), "");
+    let left = std::fs::read_dir(crius.config.state.join("containers"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn containers_survive_a_restart_and_keep_logging() {
+    let mut crius = Crius::start().await;
+    let mut pod = pod(&crius, "survive").await;
+    let ticker = pod
+        .run(container(
+            "ticker",
+            "busybox:latest",
+            &["sh", "-c", "while true; do echo tick; sleep 0.1; done"],
+        ))
+        .await;
+    let done = pod
+        .run(container("done", "busybox:latest", &["sh", "-c", "exit 7"]))
+        .await;
+    pod.wait_exited(&done).await;
+    let (before_ticker, _) = pod.status(&ticker).await;
+    let (before_done, _) = pod.status(&done).await;
+
+    crius.restart().await;
+    let mut client = crius.client().await;
+    let status = |id: &str| {
+        let mut client = client.clone();
+        let id = id.to_string();
+        async move {
+            client
+                .runtime
+                .container_status(ContainerStatusRequest {
+                    container_id: id,
+                    verbose: false,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+                .unwrap()
+        }
+    };
+    assert_eq!(status(&ticker).await, before_ticker);
+    assert_eq!(status(&done).await, before_done);
+    let log = pod.log_path("ticker");
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let log = log.clone();
+            async move {
+                std::fs::metadata(&log)
+                    .map(|m| m.len() > size)
+                    .unwrap_or(false)
+            }
+        })
+        .await,
+        "the log stopped growing after the restart"
+    );
+    client
+        .runtime
+        .remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: pod.id.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
+}
