@@ -264,7 +264,7 @@ run_tests() {
   trap down EXIT
   up
   eval "$(print_env)"
-  cargo test --all-targets
+  cargo test
 }
 
 run_benches() {

@@ -7,7 +7,8 @@ use containerd_client::services::v1::snapshots::MountsRequest;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
     DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest, GetContainerRequest, GetRequest,
-    KillRequest, ListContainersRequest, StartRequest, UpdateContainerRequest, WaitRequest,
+    KillRequest, ListContainersRequest, StartRequest, UpdateContainerRequest, UpdateTaskRequest,
+    WaitRequest,
 };
 use containerd_client::types::Mount;
 use containerd_client::types::v1::Status as ProcessStatus;
@@ -300,6 +301,45 @@ impl Containerd {
             })
             .await
             .map_err(ContainerdError::rpc("exec process"))?;
+        Ok(())
+    }
+
+    /// Replaces a container record's runtime spec.
+    pub async fn update_container_spec(
+        &self,
+        id: &str,
+        spec: prost_types::Any,
+    ) -> Result<(), ContainerdError> {
+        self.containers()
+            .update(UpdateContainerRequest {
+                container: Some(Container {
+                    id: id.to_string(),
+                    spec: Some(spec),
+                    ..Default::default()
+                }),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec!["spec".to_string()],
+                }),
+            })
+            .await
+            .map_err(ContainerdError::rpc("update container spec"))?;
+        Ok(())
+    }
+
+    /// Applies new cgroup limits to a running task.
+    pub async fn update_task_resources(
+        &self,
+        id: &str,
+        resources: prost_types::Any,
+    ) -> Result<(), ContainerdError> {
+        self.tasks()
+            .update(UpdateTaskRequest {
+                container_id: id.to_string(),
+                resources: Some(resources),
+                annotations: Default::default(),
+            })
+            .await
+            .map_err(ContainerdError::rpc("update task"))?;
         Ok(())
     }
 

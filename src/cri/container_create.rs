@@ -17,13 +17,38 @@ use super::sandbox::{KIND_CONTAINER, KIND_LABEL, internal, is_host_ipc, new_id};
 use super::unix_nanos;
 use crate::io::ContainerIo;
 use crate::oci::container::{ContainerSpecInput, PodFiles, container_spec};
-use crate::oci::user::{AccountFiles, cri_user_string, resolve, rootfs_layers};
+use crate::oci::user::{AccountFiles, cri_user_string, resolve_with_policy, rootfs_layers};
 use crate::oci::{self};
 use crate::server::CriService;
 use crate::store::{Container, ContainerMetadata, ContainerStatus, SandboxState};
 use crate::undo::Undo;
 
 impl CriService {
+    /// The pid of the container named as PID namespace target, when the mode is TARGET.
+    fn target_pid(&self, config: &k8s_cri::v1::ContainerConfig) -> Result<Option<u32>, Status> {
+        let ns = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref());
+        match ns {
+            Some(ns) if ns.pid == k8s_cri::v1::NamespaceMode::Target as i32 => {
+                let target = self.find_container(&ns.target_id)?.ok_or_else(|| {
+                    Status::not_found(format!("PID namespace target {:?} not found", ns.target_id))
+                })?;
+                let status = target.status();
+                if status.state != crate::store::ContainerState::Running {
+                    return Err(Status::failed_precondition(format!(
+                        "PID namespace target {} is not running",
+                        target.id()
+                    )));
+                }
+                Ok(Some(status.pid))
+            }
+            _ => Ok(None),
+        }
+    }
+
     pub async fn create_container(
         &self,
         req: CreateContainerRequest,
@@ -132,8 +157,15 @@ impl CriService {
                     user_string
                 };
                 let files = AccountFiles::from_layers(&rootfs_layers(&mounts));
-                let user = resolve(&user_string, &files, &security.supplemental_groups)
-                    .map_err(|e| Status::invalid_argument(format!("container user: {e}")))?;
+                let strict = security.supplemental_groups_policy
+                    == k8s_cri::v1::SupplementalGroupsPolicy::Strict as i32;
+                let user = resolve_with_policy(
+                    &user_string,
+                    &files,
+                    &security.supplemental_groups,
+                    !strict,
+                )
+                .map_err(|e| Status::invalid_argument(format!("container user: {e}")))?;
 
                 let sandbox_root = self.sandbox_root_dir(&sandbox_meta.id);
                 let shm = if is_host_ipc(&sandbox_meta.config) {
@@ -154,6 +186,7 @@ impl CriService {
                     sandbox_id: &sandbox_meta.id,
                     sandbox_config: &sandbox_meta.config,
                     sandbox_pid: sandbox_status.pid,
+                    target_pid: self.target_pid(&config)?,
                     image: &image.config.config,
                     image_name: &image_text,
                     user: &user,

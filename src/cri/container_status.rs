@@ -63,10 +63,8 @@ impl CriService {
                 annotations: config.annotations.clone(),
                 mounts: config.mounts.clone(),
                 log_path: metadata.log_path.clone(),
-                resources: config
-                    .linux
-                    .as_ref()
-                    .and_then(|l| l.resources.clone())
+                resources: container
+                    .resources()
                     .map(|linux| ContainerResources {
                         linux: Some(linux),
                         windows: None,

@@ -13,6 +13,7 @@ mod container_remove;
 mod container_start;
 mod container_status;
 mod container_stop;
+mod container_update;
 pub(crate) mod exits;
 mod image_fs_info;
 mod image_pull;

@@ -20,7 +20,6 @@ macro_rules! not_built {
 }
 
 not_built! {
-    update_container_resources, "UpdateContainerResources", UpdateContainerResourcesRequest, UpdateContainerResourcesResponse;
     exec, "Exec", ExecRequest, ExecResponse;
     attach, "Attach", AttachRequest, AttachResponse;
     port_forward, "PortForward", PortForwardRequest, PortForwardResponse;

@@ -17,7 +17,7 @@ use oci_spec::runtime::{
 use super::user::ResolvedUser;
 use super::{
     MASKED_PATHS, OCI_VERSION, READONLY_PATHS, SpecError, annotations, cgroups_path,
-    default_capabilities, default_mounts, mount,
+    default_capabilities, default_mounts, mount, seccomp, security as sec,
 };
 use crate::image::manifest::RunConfig;
 
@@ -39,6 +39,8 @@ pub struct ContainerSpecInput<'a> {
     pub sandbox_config: &'a PodSandboxConfig,
     /// The pause process, whose namespaces the container joins.
     pub sandbox_pid: u32,
+    /// The target container's process for the TARGET PID namespace mode.
+    pub target_pid: Option<u32>,
     pub image: &'a RunConfig,
     /// The image as the client named it.
     pub image_name: &'a str,
@@ -102,7 +104,9 @@ fn propagation_option(propagation: i32) -> &'static str {
     }
 }
 
-/// The CRI mounts: host paths must exist; a host path that is a symlink is followed.
+/// The CRI mounts: host paths must exist (a symlink is followed); rshared and rslave need
+/// the host path on a shared (or slave) mount; recursive read-only needs read-only and
+/// private propagation.
 fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, SpecError> {
     config
         .mounts
@@ -116,15 +120,43 @@ fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, SpecError> {
             let source = std::fs::canonicalize(&m.host_path).map_err(|e| {
                 SpecError::Invalid(format!("mount host path {:?}: {e}", m.host_path))
             })?;
+            let propagation = propagation_option(m.propagation);
+            sec::check_propagation(&source, propagation)?;
             let access = if m.readonly { "ro" } else { "rw" };
+            let mut options = vec!["rbind", propagation, access];
+            if m.recursive_read_only {
+                if !m.readonly || propagation != "rprivate" {
+                    return Err(SpecError::Invalid(format!(
+                        "recursive read-only mount {:?} must be read-only with private propagation",
+                        m.container_path
+                    )));
+                }
+                options.push("rro");
+            }
             mount(
                 &m.container_path,
                 "bind",
                 &source.display().to_string(),
-                &["rbind", propagation_option(m.propagation), access],
+                &options,
             )
         })
         .collect()
+}
+
+/// The rootfs propagation the mounts need: rshared for any rshared mount, else rslave.
+fn rootfs_propagation(config: &ContainerConfig) -> Option<&'static str> {
+    let modes: Vec<&str> = config
+        .mounts
+        .iter()
+        .map(|m| propagation_option(m.propagation))
+        .collect();
+    if modes.contains(&"rshared") {
+        Some("rshared")
+    } else if modes.contains(&"rslave") {
+        Some("rslave")
+    } else {
+        None
+    }
 }
 
 /// The cgroup limits of a container: the CRI resources (zero means unset), devices denied
@@ -209,7 +241,20 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         .as_ref()
         .and_then(|s| s.namespace_options.clone())
         .unwrap_or_default();
-    let ns = security.namespace_options.clone().unwrap_or(pod_ns.clone());
+    let ns = security
+        .namespace_options
+        .clone()
+        .unwrap_or_else(|| pod_ns.clone());
+    let privileged = security.privileged;
+    let pod_privileged = pod_linux
+        .security_context
+        .as_ref()
+        .is_some_and(|s| s.privileged);
+    if privileged && !pod_privileged {
+        return Err(SpecError::Invalid(
+            "a privileged container needs a privileged pod sandbox".to_string(),
+        ));
+    }
 
     let args = process_args(&config.command, &config.args, input.image)?;
     let cri_env: Vec<(String, String)> = config
@@ -225,7 +270,30 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
     } else {
         "/".to_string()
     };
-    let caps = default_capabilities();
+    let caps = if privileged {
+        sec::all_capabilities()
+    } else {
+        let cri_caps = security.capabilities.clone().unwrap_or_default();
+        sec::capabilities(
+            &default_capabilities(),
+            &cri_caps.add_capabilities,
+            &cri_caps.drop_capabilities,
+        )?
+    };
+    let ambient: Capabilities = security
+        .capabilities
+        .as_ref()
+        .map(|c| {
+            c.add_ambient_capabilities
+                .iter()
+                .map(|name| sec::parse_capability(name))
+                .collect::<Result<Capabilities, _>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    // Ambient capabilities must also be permitted and inheritable.
+    let mut permitted = caps.clone();
+    permitted.extend(ambient.iter().copied());
     let mut process = ProcessBuilder::default()
         .terminal(config.tty)
         .user(
@@ -240,17 +308,30 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         .cwd(cwd)
         .capabilities(
             LinuxCapabilitiesBuilder::default()
-                .bounding(caps.clone())
-                .effective(caps.clone())
-                .permitted(caps.clone())
-                .inheritable(Capabilities::new())
-                .ambient(Capabilities::new())
+                .bounding(permitted.clone())
+                .effective(permitted.clone())
+                .permitted(permitted.clone())
+                .inheritable(ambient.clone())
+                .ambient(ambient)
                 .build()?,
         )
         .no_new_privileges(security.no_new_privs)
         .build()?;
     process.set_rlimits(None);
     process.set_oom_score_adj(input.oom_score_adj);
+    process.set_apparmor_profile(sec::apparmor_profile(
+        security.apparmor.as_ref(),
+        #[allow(deprecated)]
+        &security.apparmor_profile,
+        privileged,
+    )?);
+    let seccomp = seccomp::select(
+        security.seccomp.as_ref(),
+        #[allow(deprecated)]
+        &security.seccomp_profile_path,
+        privileged,
+        &permitted,
+    )?;
 
     let proc_ns = |kind: &str| PathBuf::from(format!("/proc/{}/ns/{kind}", input.sandbox_pid));
     let mut namespaces = vec![
@@ -287,21 +368,46 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
                 .typ(LinuxNamespaceType::Pid)
                 .build()?,
         ),
-        NamespaceMode::Pod | NamespaceMode::Target => namespaces.push(
+        NamespaceMode::Pod => namespaces.push(
             LinuxNamespaceBuilder::default()
                 .typ(LinuxNamespaceType::Pid)
                 .path(proc_ns("pid"))
                 .build()?,
         ),
+        NamespaceMode::Target => {
+            let pid = input.target_pid.ok_or_else(|| {
+                SpecError::Invalid(format!(
+                    "PID namespace target {:?} is not a running container",
+                    ns.target_id
+                ))
+            })?;
+            namespaces.push(
+                LinuxNamespaceBuilder::default()
+                    .typ(LinuxNamespaceType::Pid)
+                    .path(PathBuf::from(format!("/proc/{pid}/ns/pid")))
+                    .build()?,
+            );
+        }
     }
 
     let mut mounts = default_mounts()?;
     mounts.retain(|m| m.destination() != &PathBuf::from("/dev/shm"));
+    let sys_access = if privileged { "rw" } else { "ro" };
+    if privileged {
+        // Privileged containers get a writable /sys.
+        mounts.retain(|m| m.destination() != &PathBuf::from("/sys"));
+        mounts.push(mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "rw"],
+        )?);
+    }
     mounts.push(mount(
         "/sys/fs/cgroup",
         "cgroup",
         "cgroup",
-        &["nosuid", "noexec", "nodev", "relatime", "ro"],
+        &["nosuid", "noexec", "nodev", "relatime", sys_access],
     )?);
     let user_mounts = cri_mounts(config)?;
     let taken = |dest: &str| {
@@ -334,8 +440,42 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
     }
     mounts.extend(user_mounts);
 
-    let resources = linux_resources(linux.resources.as_ref())?;
-    let linux_spec = LinuxBuilder::default()
+    let mut resources = linux_resources(linux.resources.as_ref())?;
+    let mut devices = Vec::new();
+    let mut device_rules = resources.devices().clone().unwrap_or_default();
+    if privileged {
+        devices.extend(sec::host_devices());
+        device_rules = vec![
+            LinuxDeviceCgroupBuilder::default()
+                .allow(true)
+                .access("rwm")
+                .build()?,
+        ];
+    }
+    for d in &config.devices {
+        let (dev, rule) = sec::device(Path::new(&d.host_path), &d.container_path, &d.permissions)?;
+        devices.retain(|existing| existing.path() != dev.path());
+        devices.push(dev);
+        device_rules.push(rule);
+    }
+    resources.set_devices(Some(device_rules));
+    let (masked, readonly) = if privileged {
+        (Vec::new(), Vec::new())
+    } else {
+        (
+            if security.masked_paths.is_empty() {
+                MASKED_PATHS.iter().map(|p| p.to_string()).collect()
+            } else {
+                security.masked_paths.clone()
+            },
+            if security.readonly_paths.is_empty() {
+                READONLY_PATHS.iter().map(|p| p.to_string()).collect()
+            } else {
+                security.readonly_paths.clone()
+            },
+        )
+    };
+    let mut linux_spec = LinuxBuilder::default()
         .namespaces(namespaces)
         .cgroups_path(PathBuf::from(cgroups_path(
             &pod_linux.cgroup_parent,
@@ -344,19 +484,14 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
             input.systemd_cgroup,
         )))
         .resources(resources)
-        .masked_paths(
-            MASKED_PATHS
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .readonly_paths(
-            READONLY_PATHS
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>(),
-        )
+        .devices(devices)
+        .masked_paths(masked)
+        .readonly_paths(readonly)
         .build()?;
+    linux_spec.set_seccomp(seccomp);
+    if let Some(propagation) = rootfs_propagation(config) {
+        linux_spec.set_rootfs_propagation(Some(propagation.to_string()));
+    }
 
     let pod = input.sandbox_config.metadata.clone().unwrap_or_default();
     let name = config.metadata.clone().unwrap_or_default().name;
@@ -491,6 +626,7 @@ mod tests {
             sandbox_id: "sid",
             sandbox_config: &pod,
             sandbox_pid: 4242,
+            target_pid: None,
             image: &img,
             image_name: "busybox",
             user: &user,

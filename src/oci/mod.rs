@@ -5,6 +5,8 @@
 
 pub mod annotations;
 pub mod container;
+pub mod seccomp;
+pub mod security;
 pub mod user;
 
 use std::collections::HashMap;
@@ -283,7 +285,19 @@ pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
                 .build()?,
         )
         .build()?;
-    let linux_spec = LinuxBuilder::default()
+    security::validate_sysctls(
+        &linux.sysctls,
+        host_network,
+        ns.ipc == NamespaceMode::Node as i32,
+    )?;
+    let seccomp = seccomp::select(
+        security.seccomp.as_ref(),
+        #[allow(deprecated)]
+        &security.seccomp_profile_path,
+        security.privileged,
+        &caps,
+    )?;
+    let mut linux_spec = LinuxBuilder::default()
         .namespaces(namespaces)
         .cgroups_path(PathBuf::from(cgroups_path(
             &linux.cgroup_parent,
@@ -306,6 +320,7 @@ pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
                 .collect::<Vec<_>>(),
         )
         .build()?;
+    linux_spec.set_seccomp(seccomp);
 
     let mut spec_annotations = input.passthrough_annotations.clone();
     spec_annotations.extend([
@@ -503,7 +518,17 @@ mod tests {
 
     #[test]
     fn host_network_drops_network_and_uts_namespaces_and_hostname() {
-        let config = pod(true);
+        let mut config = pod(true);
+        let err = sandbox_spec(&input(
+            &config,
+            &RunConfig {
+                cmd: Some(vec!["/pause".into()]),
+                ..Default::default()
+            },
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("host's network"), "{err}");
+        config.linux.as_mut().unwrap().sysctls.clear();
         let image = RunConfig {
             cmd: Some(vec!["/pause".into()]),
             ..Default::default()

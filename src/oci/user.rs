@@ -140,6 +140,17 @@ pub fn resolve(
     files: &AccountFiles,
     supplemental: &[i64],
 ) -> Result<ResolvedUser, SpecError> {
+    resolve_with_policy(user, files, supplemental, true)
+}
+
+/// As [`resolve`]; with `merge_image_groups` false (the Strict supplemental groups
+/// policy) the image's `/etc/group` memberships are not added.
+pub fn resolve_with_policy(
+    user: &str,
+    files: &AccountFiles,
+    supplemental: &[i64],
+    merge_image_groups: bool,
+) -> Result<ResolvedUser, SpecError> {
     let passwd = parse_passwd(&files.passwd);
     let groups = parse_group(&files.group);
     let (user_part, group_part) = match user.split_once(':') {
@@ -185,7 +196,7 @@ pub fn resolve(
         },
     };
     let mut additional_gids: Vec<u32> = Vec::new();
-    if let Some(name) = &name {
+    if let Some(name) = name.as_ref().filter(|_| merge_image_groups) {
         for group in &groups {
             if &group.name != name
                 && group.members.iter().any(|m| m == name)
@@ -243,6 +254,8 @@ mod tests {
         assert_eq!(resolve("1000:2000", &f, &[3000]).unwrap().gid, 2000);
         assert!(resolve("ghost", &f, &[]).is_err());
         assert!(resolve("user:ghosts", &f, &[]).is_err());
+        let strict = resolve_with_policy("user", &f, &[7], false).unwrap();
+        assert_eq!(strict.additional_gids, vec![7]);
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub struct Container {
     oom_killed: std::sync::atomic::AtomicBool,
     /// Serialises create/start/remove transitions.
     pub lifecycle: tokio::sync::Mutex<()>,
+    /// Resources set by UpdateContainerResources since creation.
+    resources: Mutex<Option<k8s_cri::v1::LinuxContainerResources>>,
 }
 
 impl Container {
@@ -104,7 +106,27 @@ impl Container {
             exited: watch::channel(done).0,
             oom_killed: std::sync::atomic::AtomicBool::new(false),
             lifecycle: tokio::sync::Mutex::new(()),
+            resources: Mutex::new(None),
         }
+    }
+
+    /// The container's cgroup resources: updated ones, else those it was created with.
+    pub fn resources(&self) -> Option<k8s_cri::v1::LinuxContainerResources> {
+        self.resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .or_else(|| {
+                self.metadata
+                    .config
+                    .linux
+                    .as_ref()
+                    .and_then(|l| l.resources.clone())
+            })
+    }
+
+    pub fn set_resources(&self, resources: k8s_cri::v1::LinuxContainerResources) {
+        *self.resources.lock().unwrap_or_else(|p| p.into_inner()) = Some(resources);
     }
 
     pub fn id(&self) -> &str {

@@ -1,0 +1,91 @@
+//! `UpdateContainerResources`: new cgroup limits for a running task, kept in the stored
+//! spec and metadata so they survive a restart of the container or of crius.
+
+use k8s_cri::v1::{UpdateContainerResourcesRequest, UpdateContainerResourcesResponse};
+use tonic::Status;
+
+use super::container::metadata_extension;
+use super::sandbox::internal;
+use crate::oci::container::linux_resources;
+use crate::server::CriService;
+use crate::store::ContainerState;
+
+/// The type URL of OCI Linux resources, as containerd's task update expects them.
+const RESOURCES_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources";
+
+impl CriService {
+    pub async fn update_container_resources(
+        &self,
+        req: UpdateContainerResourcesRequest,
+    ) -> Result<UpdateContainerResourcesResponse, Status> {
+        let container = self.require_container(&req.container_id)?;
+        let linux = req
+            .linux
+            .ok_or_else(|| Status::invalid_argument("linux resources are required"))?;
+        let _lifecycle = container.lifecycle.lock().await;
+        let id = container.id().to_string();
+        let state = container.status().state;
+        if !matches!(state, ContainerState::Created | ContainerState::Running) {
+            return Err(Status::failed_precondition(format!(
+                "container {id} is {state:?}: only created or running containers can be updated"
+            )));
+        }
+        let new_resources = linux_resources(Some(&linux))
+            .map_err(|e| Status::invalid_argument(format!("invalid resources: {e}")))?;
+
+        let record = self
+            .containerd
+            .get_container(&id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Status::not_found(format!("containerd has no container {id}")))?;
+        let mut spec: serde_json::Value = record
+            .spec
+            .as_ref()
+            .map(|any| serde_json::from_slice(&any.value))
+            .transpose()
+            .map_err(|e| Status::internal(format!("stored spec of {id}: {e}")))?
+            .unwrap_or_default();
+        let mut resources = serde_json::to_value(&new_resources).map_err(internal)?;
+        // Device rules are not the CRI's to change here.
+        if let Some(devices) = spec["linux"]["resources"].get("devices").cloned() {
+            resources["devices"] = devices;
+        }
+        spec["linux"]["resources"] = resources.clone();
+        self.containerd
+            .update_container_spec(
+                &id,
+                prost_types::Any {
+                    type_url: crate::oci::SPEC_TYPE_URL.to_string(),
+                    value: serde_json::to_vec(&spec).map_err(internal)?,
+                },
+            )
+            .await
+            .map_err(internal)?;
+        if state == ContainerState::Running {
+            self.containerd
+                .update_task_resources(
+                    &id,
+                    prost_types::Any {
+                        type_url: RESOURCES_TYPE_URL.to_string(),
+                        value: serde_json::to_vec(&resources).map_err(internal)?,
+                    },
+                )
+                .await
+                .map_err(|e| Status::internal(format!("applying resources to {id}: {e}")))?;
+        }
+        let mut metadata = container.metadata.clone();
+        metadata
+            .config
+            .linux
+            .get_or_insert_with(Default::default)
+            .resources = Some(linux.clone());
+        self.containerd
+            .update_container_extensions(&id, metadata_extension(&metadata)?)
+            .await
+            .map_err(internal)?;
+        container.set_resources(linux);
+        tracing::info!(container = %id, "container resources updated");
+        Ok(UpdateContainerResourcesResponse {})
+    }
+}
