@@ -63,12 +63,10 @@ impl CriService {
                 annotations: config.annotations.clone(),
                 mounts: config.mounts.clone(),
                 log_path: metadata.log_path.clone(),
-                resources: container
-                    .resources()
-                    .map(|linux| ContainerResources {
-                        linux: Some(linux),
-                        windows: None,
-                    }),
+                resources: container.resources().map(|linux| ContainerResources {
+                    linux: Some(linux),
+                    windows: None,
+                }),
                 image_id: metadata.image_ref.clone(),
                 ..Default::default()
             }),

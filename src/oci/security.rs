@@ -65,11 +65,73 @@ pub fn parse_capability(name: &str) -> Result<Capability, SpecError> {
         .map_err(|_| SpecError::Invalid(format!("unknown capability {name:?}")))
 }
 
+/// Every capability crius's own bounding set holds: what a container can be given at most
+/// (a runtime cannot grant more than it has; on hosts without, say, CAP_SYS_RESOURCE,
+/// "all" must leave it out).
 pub fn all_capabilities() -> Capabilities {
+    let bounding = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapBnd:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .unwrap_or(u64::MAX);
     ALL_CAPABILITIES
         .iter()
         .filter_map(|c| c.parse::<Capability>().ok())
+        .filter(|c| cap_number(*c).is_none_or(|n| bounding & (1u64 << n) != 0))
         .collect()
+}
+
+/// The kernel's number for a capability.
+fn cap_number(cap: Capability) -> Option<u32> {
+    const ORDER: &[&str] = &[
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "SETGID",
+        "SETUID",
+        "SETPCAP",
+        "LINUX_IMMUTABLE",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_ADMIN",
+        "NET_RAW",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "SYS_MODULE",
+        "SYS_RAWIO",
+        "SYS_CHROOT",
+        "SYS_PTRACE",
+        "SYS_PACCT",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_NICE",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "MKNOD",
+        "LEASE",
+        "AUDIT_WRITE",
+        "AUDIT_CONTROL",
+        "SETFCAP",
+        "MAC_OVERRIDE",
+        "MAC_ADMIN",
+        "SYSLOG",
+        "WAKE_ALARM",
+        "BLOCK_SUSPEND",
+        "AUDIT_READ",
+        "PERFMON",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+    ];
+    let name = cap.to_string();
+    ORDER.iter().position(|n| *n == name).map(|i| i as u32)
 }
 
 fn is_all(name: &str) -> bool {
@@ -343,7 +405,9 @@ mod tests {
         );
         assert_eq!(parse_capability("sys_admin").unwrap(), Capability::SysAdmin);
         assert!(parse_capability("FLY").is_err());
-        assert_eq!(all_capabilities().len(), ALL_CAPABILITIES.len());
+        assert!(all_capabilities().contains(&Capability::Chown));
+        assert_eq!(cap_number(Capability::SysAdmin), Some(21));
+        assert_eq!(cap_number(Capability::CheckpointRestore), Some(40));
     }
 
     #[test]
@@ -354,7 +418,7 @@ mod tests {
         let only = capabilities(&defaults, &["NET_ADMIN".into()], &["ALL".into()]).unwrap();
         assert_eq!(only, [Capability::NetAdmin].into_iter().collect());
         let all = capabilities(&defaults, &["ALL".into()], &["CAP_CHOWN".into()]).unwrap();
-        assert_eq!(all.len(), ALL_CAPABILITIES.len() - 1);
+        assert_eq!(all.len(), all_capabilities().len() - 1);
         let none = capabilities(&defaults, &[], &["all".into()]).unwrap();
         assert!(none.is_empty());
     }

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod pod;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
