@@ -95,6 +95,79 @@ async fn version_answers_over_grpc_v1_v1alpha2_and_ttrpc() {
     assert_ne!(err.code(), tonic::Code::Unknown, "{err:?}");
 }
 
+/// One HTTP/2 frame: (type, flags, stream, payload).
+type H2Frame = (u8, u8, u32, Vec<u8>);
+
+fn h2_frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend_from_slice(&[frame_type, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+async fn read_h2_frame(socket: &mut tokio::net::UnixStream) -> Option<H2Frame> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 9];
+    socket.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    socket.read_exact(&mut payload).await.ok()?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Some((head[3], head[4], stream, payload))
+}
+
+/// grpc-go in kubelet and crictl up to 1.26 sends the socket path as `:authority`.
+#[tokio::test]
+async fn grpc_clients_that_send_the_socket_path_as_authority_are_served() {
+    use tokio::io::AsyncWriteExt;
+    let crius = Crius::start().await;
+    let path = crius.grpc_socket().display().to_string();
+    let mut socket = tokio::net::UnixStream::connect(crius.grpc_socket())
+        .await
+        .expect("connect");
+    let headers: Vec<(&[u8], &[u8])> = vec![
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", b"/runtime.v1.RuntimeService/Version"),
+        (b":authority", path.as_bytes()),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ];
+    let mut encoder = loona_hpack::Encoder::new();
+    let mut request = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    request.extend(h2_frame(0x4, 0, 0, &[]));
+    // Two calls on one connection: the second block refers to the first's table entries.
+    for stream in [1u32, 3] {
+        let block = encoder.encode(headers.iter().copied());
+        request.extend(h2_frame(0x1, 0x4, stream, &block));
+        // gRPC message: uncompressed, 4 bytes, VersionRequest { version: "v1" }.
+        let message = [0u8, 0, 0, 0, 4, 0x0a, 2, b'v', b'1'];
+        request.extend(h2_frame(0x0, 0x1, stream, &message));
+    }
+    socket.write_all(&request).await.expect("send");
+    let mut answered = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answered.len() < 2 {
+        assert!(Instant::now() < deadline, "no answers");
+        let frame = tokio::time::timeout(Duration::from_secs(10), read_h2_frame(&mut socket))
+            .await
+            .expect("a frame in time")
+            .expect("the server kept the connection");
+        let (frame_type, flags, stream, payload) = frame;
+        assert_ne!(frame_type, 0x3, "stream {stream} was reset");
+        if frame_type == 0x4 && flags & 0x1 == 0 {
+            socket
+                .write_all(&h2_frame(0x4, 0x1, 0, &[]))
+                .await
+                .expect("ack settings");
+        }
+        if frame_type == 0x0 && payload.windows(5).any(|w| w == b"crius") {
+            answered.insert(stream);
+        }
+    }
+}
+
 #[tokio::test]
 async fn status_reports_runtime_ready_and_follows_the_cni_conf_dir() {
     let crius = Crius::start().await;

@@ -6,6 +6,7 @@
 //! shuts down the same way and returns the cause. Shutdown is bounded: in-flight RPCs get
 //! [`SHUTDOWN_GRACE`], then everything still running is abandoned and the sockets removed.
 
+mod authority;
 pub mod rpc;
 mod service;
 pub mod socket;
@@ -14,6 +15,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 
 pub use rpc::{ContainerEventStream, CriServer};
@@ -48,7 +50,8 @@ impl CriService {
             let served = tonic::transport::Server::builder()
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(grpc_listener),
+                    UnixListenerStream::new(grpc_listener)
+                        .map(|accepted| accepted.map(authority::AuthorityRepair::new)),
                     cancel.cancelled_owned(),
                 )
                 .await;
