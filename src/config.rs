@@ -307,6 +307,15 @@ pub struct StreamConfig {
     pub port: u16,
     #[serde(with = "duration_str")]
     pub idle_timeout: Duration,
+    /// How long an Exec/Attach/PortForward URL stays usable.
+    #[serde(with = "duration_str")]
+    pub token_ttl: Duration,
+    /// Serve HTTPS: with the key pair below, or a self-signed certificate when none is set.
+    pub tls: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for StreamConfig {
@@ -315,6 +324,10 @@ impl Default for StreamConfig {
             address: "127.0.0.1".to_string(),
             port: 0,
             idle_timeout: Duration::from_secs(4 * 3600),
+            token_ttl: Duration::from_secs(60),
+            tls: false,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -441,6 +454,18 @@ impl Config {
                 format!("{:?} is not an IP address", self.stream.address),
             ));
         }
+        if self.stream.tls_cert_file.is_some() != self.stream.tls_key_file.is_some() {
+            return Err(invalid(
+                "stream.tls_cert_file",
+                "tls_cert_file and tls_key_file must be set together",
+            ));
+        }
+        if self.stream.token_ttl.is_zero() {
+            return Err(invalid("stream.token_ttl", "must be longer than zero"));
+        }
+        if self.stream.idle_timeout.is_zero() {
+            return Err(invalid("stream.idle_timeout", "must be longer than zero"));
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(invalid(
                 "log.level",
@@ -544,7 +569,14 @@ config_path = ""
 # The exec/attach/port-forward stream server; port 0 picks a free port.
 address = "127.0.0.1"
 port = 0
+# A connection with no traffic either way for this long is closed.
 idle_timeout = "4h"
+# How long the URL an Exec, Attach or PortForward call returns stays usable (once).
+token_ttl = "1m"
+# HTTPS for the stream server. Without a key pair a self-signed certificate is made.
+tls = false
+# tls_cert_file = "/etc/crius/stream.crt"
+# tls_key_file = "/etc/crius/stream.key"
 
 [log]
 # error | warn | info | debug | trace, or a filter such as "crius=debug,info".

@@ -21,4 +21,5 @@ pub mod protos;
 pub mod recovery;
 pub mod server;
 pub mod store;
+pub mod streaming;
 pub mod undo;

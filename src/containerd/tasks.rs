@@ -5,10 +5,10 @@ use std::time::{Duration, SystemTime};
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::snapshots::MountsRequest;
 use containerd_client::services::v1::{
-    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
+    CloseIoRequest, Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
     DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest, GetContainerRequest, GetRequest,
-    KillRequest, ListContainersRequest, StartRequest, UpdateContainerRequest, UpdateTaskRequest,
-    WaitRequest,
+    KillRequest, ListContainersRequest, ResizePtyRequest, StartRequest, UpdateContainerRequest,
+    UpdateTaskRequest, WaitRequest,
 };
 use containerd_client::types::Mount;
 use containerd_client::types::v1::Status as ProcessStatus;
@@ -340,6 +340,40 @@ impl Containerd {
             })
             .await
             .map_err(ContainerdError::rpc("update task"))?;
+        Ok(())
+    }
+
+    /// Closes the stdin of a task (empty `exec_id`) or exec process. The shim holds the
+    /// stdin FIFO open itself, so closing crius's end alone never reaches the process as EOF.
+    pub async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<(), ContainerdError> {
+        self.tasks()
+            .close_io(CloseIoRequest {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                stdin: true,
+            })
+            .await
+            .map(|_| ())
+            .or_else(not_found_is_ok("close stdin"))
+    }
+
+    /// Sets the terminal size of a task's (empty `exec_id`) or exec's console.
+    pub async fn resize_pty(
+        &self,
+        id: &str,
+        exec_id: &str,
+        width: u32,
+        height: u32,
+    ) -> Result<(), ContainerdError> {
+        self.tasks()
+            .resize_pty(ResizePtyRequest {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                width,
+                height,
+            })
+            .await
+            .map_err(ContainerdError::rpc("resize pty"))?;
         Ok(())
     }
 

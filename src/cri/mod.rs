@@ -27,6 +27,7 @@ mod sandbox_run;
 mod sandbox_status;
 mod sandbox_stop;
 mod status;
+mod stream;
 mod version;
 
 /// The runtime name crius reports.

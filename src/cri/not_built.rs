@@ -20,9 +20,6 @@ macro_rules! not_built {
 }
 
 not_built! {
-    exec, "Exec", ExecRequest, ExecResponse;
-    attach, "Attach", AttachRequest, AttachResponse;
-    port_forward, "PortForward", PortForwardRequest, PortForwardResponse;
     container_stats, "ContainerStats", ContainerStatsRequest, ContainerStatsResponse;
     list_container_stats, "ListContainerStats", ListContainerStatsRequest, ListContainerStatsResponse;
     pod_sandbox_stats, "PodSandboxStats", PodSandboxStatsRequest, PodSandboxStatsResponse;

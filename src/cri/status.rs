@@ -50,6 +50,8 @@ impl CriService {
                 Err(e) => e.to_string(),
             };
             info.insert("lastCNILoadStatus".to_string(), last);
+            info.insert("streaming".to_string(), self.streaming_info().to_string());
+            info.insert("process".to_string(), process_info().to_string());
         }
 
         Ok(StatusResponse {
@@ -64,6 +66,16 @@ impl CriService {
         })
     }
 
+    /// The stream server's URL and what it holds open.
+    fn streaming_info(&self) -> serde_json::Value {
+        let endpoint = self.stream_endpoint.get();
+        serde_json::json!({
+            "url": endpoint.map(|e| e.base_url.clone()),
+            "openSessions": endpoint.map(|e| e.open_sessions()),
+            "outstandingTokens": self.stream_requests.len(),
+        })
+    }
+
     /// The configured runtime handlers; the default one is also listed under "".
     fn runtime_handlers(&self) -> Vec<RuntimeHandler> {
         let features = Some(RuntimeHandlerFeatures {
@@ -75,6 +87,17 @@ impl CriService {
             .map(|name| RuntimeHandler { name, features })
             .collect()
     }
+}
+
+/// What the crius process holds, for operators chasing leaks.
+fn process_info() -> serde_json::Value {
+    let threads = std::fs::read_dir("/proc/self/task").map(|d| d.count()).ok();
+    let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).ok();
+    serde_json::json!({
+        "asyncTasks": tokio::runtime::Handle::current().metrics().num_alive_tasks(),
+        "threads": threads,
+        "openFiles": fds,
+    })
 }
 
 fn condition(kind: &str, state: Result<(), (&str, String)>) -> RuntimeCondition {

@@ -44,6 +44,16 @@ pub struct FifoSet {
 impl FifoSet {
     /// Creates the FIFOs under `dir`: stdin when asked, stdout always, stderr unless `tty`.
     pub fn create(dir: &Path, stdin: bool, tty: bool) -> std::io::Result<Self> {
+        Self::create_for(dir, stdin, true, !tty)
+    }
+
+    /// Creates the FIFOs asked for under `dir`.
+    pub fn create_for(
+        dir: &Path,
+        stdin: bool,
+        stdout: bool,
+        stderr: bool,
+    ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let make = |name: &str| -> std::io::Result<PathBuf> {
             let path = dir.join(name);
@@ -54,8 +64,8 @@ impl FifoSet {
         };
         Ok(Self {
             stdin: stdin.then(|| make("stdin")).transpose()?,
-            stdout: Some(make("stdout")?),
-            stderr: (!tty).then(|| make("stderr")).transpose()?,
+            stdout: stdout.then(|| make("stdout")).transpose()?,
+            stderr: stderr.then(|| make("stderr")).transpose()?,
         })
     }
 
@@ -85,6 +95,45 @@ fn open_reader(path: &Path) -> std::io::Result<(pipe::Receiver, OwnedFd)> {
 pub trait OutputSink: Send + Sync + 'static {
     fn write(&self, stream: Stream, data: &[u8]);
     fn finish(&self, stream: Stream);
+}
+
+/// Where a client's copy of a stream goes: written in order, waiting when the client is slow.
+#[async_trait::async_trait]
+pub trait AsyncOutput: Send + Sync + 'static {
+    async fn write(&self, data: Bytes) -> std::io::Result<()>;
+}
+
+/// Output nobody reads.
+struct Discard;
+
+#[async_trait::async_trait]
+impl AsyncOutput for Discard {
+    async fn write(&self, _data: Bytes) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Copies one FIFO to a client until EOF, or until the client is gone.
+fn spawn_output_copier(mut reader: pipe::Receiver, output: Arc<dyn AsyncOutput>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = bytes::BytesMut::with_capacity(READ_BUFFER);
+        loop {
+            buf.reserve(READ_BUFFER);
+            match reader.read_buf(&mut buf).await {
+                Ok(0) => break,
+                Ok(_) => {
+                    if let Err(e) = output.write(buf.split().freeze()).await {
+                        tracing::debug!(error = %e, "client output closed");
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "output copier stopped");
+                    break;
+                }
+            }
+        }
+    })
 }
 
 /// Copies one FIFO into a sink until EOF.
@@ -317,12 +366,13 @@ impl OutputSink for CapturedOutput {
     fn finish(&self, _stream: Stream) {}
 }
 
-/// The stdio of one exec process: FIFOs and copiers into a sink.
+/// The stdio of one exec process: FIFOs and copiers into a sink or to a client.
 pub struct ExecIo {
     dir: PathBuf,
     fifos: FifoSet,
     copiers: Vec<JoinHandle<()>>,
     placeholders: Vec<OwnedFd>,
+    stdin: Option<pipe::Sender>,
 }
 
 impl ExecIo {
@@ -346,7 +396,52 @@ impl ExecIo {
             fifos,
             copiers,
             placeholders,
+            stdin: None,
         })
+    }
+
+    /// Creates the FIFOs of a streaming exec in `dir` and starts copying output to the
+    /// client; output nobody asked for is read and dropped (the shim needs a FIFO for
+    /// stderr unless `tty`). With `stdin`, [`ExecIo::take_stdin`] gives the writer.
+    pub fn start_streams(
+        dir: &Path,
+        stdin: bool,
+        tty: bool,
+        stdout: Option<Arc<dyn AsyncOutput>>,
+        stderr: Option<Arc<dyn AsyncOutput>>,
+    ) -> std::io::Result<Self> {
+        let fifos = FifoSet::create(dir, stdin, tty)?;
+        let discard = || Arc::new(Discard) as Arc<dyn AsyncOutput>;
+        let stdout = Some(stdout.unwrap_or_else(discard));
+        let stderr = Some(stderr.unwrap_or_else(discard));
+        let mut io = Self {
+            dir: dir.to_path_buf(),
+            fifos: fifos.clone(),
+            copiers: Vec::new(),
+            placeholders: Vec::new(),
+            stdin: None,
+        };
+        for (path, output) in [(&fifos.stdout, stdout), (&fifos.stderr, stderr)] {
+            if let (Some(path), Some(output)) = (path, output) {
+                let (reader, placeholder) = open_reader(path)?;
+                io.placeholders.push(placeholder);
+                io.copiers.push(spawn_output_copier(reader, output));
+            }
+        }
+        if let Some(path) = &fifos.stdin {
+            // Read-write, so opening does not wait for the shim; dropping it is the EOF.
+            io.stdin = Some(
+                pipe::OpenOptions::new()
+                    .read_write(true)
+                    .open_sender(path)?,
+            );
+        }
+        Ok(io)
+    }
+
+    /// The stdin writer, once.
+    pub fn take_stdin(&mut self) -> Option<pipe::Sender> {
+        self.stdin.take()
     }
 
     pub fn fifos(&self) -> &FifoSet {

@@ -42,6 +42,22 @@ impl CriService {
             }
         };
 
+        let stream_server = match crate::streaming::StreamServer::bind(
+            &self.config.stream,
+            self.stream_requests.clone(),
+            std::sync::Arc::new(self.clone()),
+        )
+        .await
+        {
+            Ok(server) => server,
+            Err(e) => {
+                socket::remove(&grpc_path);
+                socket::remove(&ttrpc_path);
+                return Err(e.into());
+            }
+        };
+        let _ = self.stream_endpoint.set(stream_server.endpoint());
+
         let server = CriServer::new(self.clone());
         let mut tasks: JoinSet<TaskEnd> = JoinSet::new();
         let routes = rpc::grpc_routes(server.clone());
@@ -69,7 +85,7 @@ impl CriService {
                     tracing::info!("stop requested during start-up");
                     Ok(())
                 }
-                started = self.start(&mut tasks) => match started {
+                started = self.start(&mut tasks, stream_server) => match started {
                     Err(e) => Err(e),
                     Ok(()) => {
                         tracing::info!(
@@ -114,7 +130,11 @@ impl CriService {
     }
 
     /// Recovers state and starts the critical tasks, then marks the service initialized.
-    async fn start(&self, tasks: &mut JoinSet<TaskEnd>) -> Result<(), ServiceError> {
+    async fn start(
+        &self,
+        tasks: &mut JoinSet<TaskEnd>,
+        stream_server: crate::streaming::StreamServer,
+    ) -> Result<(), ServiceError> {
         crate::failpoint::hit("startup").await?;
         crate::recovery::recover_images(&self.containerd, &self.images).await?;
         crate::recovery::recover_sandboxes(self).await?;
@@ -141,6 +161,12 @@ impl CriService {
         tasks.spawn(async move {
             let ended = syncer.run(cancel).await;
             ("CNI conf syncer", ended.map_err(|e| e.to_string()))
+        });
+
+        let cancel = self.shutdown.clone();
+        tasks.spawn(async move {
+            stream_server.serve(cancel).await;
+            ("stream server", Ok(()))
         });
 
         let service = self.clone();

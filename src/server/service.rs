@@ -38,6 +38,8 @@ pub enum ServiceError {
     Failpoint(#[from] crate::failpoint::Triggered),
     #[error("invalid config: {0}")]
     Config(String),
+    #[error(transparent)]
+    StreamServer(#[from] crate::streaming::StreamServerError),
 }
 
 /// The state behind the CRI handlers. Shared by cheap clones of [`CriService`].
@@ -61,6 +63,10 @@ pub struct ServiceState {
     pub pinned_images: std::collections::HashSet<String>,
     /// The pod CIDR kubelet last sent with UpdateRuntimeConfig.
     pub pod_cidr: std::sync::Mutex<String>,
+    /// Exec/attach/port-forward requests waiting for their client.
+    pub stream_requests: Arc<crate::streaming::StreamRequests>,
+    /// The stream server, once it is bound.
+    pub stream_endpoint: std::sync::OnceLock<crate::streaming::StreamEndpoint>,
     initialized: AtomicBool,
     /// Fired by `close`: every task of the service watches it.
     pub(crate) shutdown: CancellationToken,
@@ -130,6 +136,9 @@ impl CriService {
         );
         let oom_score_floor = oom_score_floor(config.restrict_oom_score_adj);
 
+        let stream_requests = Arc::new(crate::streaming::StreamRequests::new(
+            config.stream.token_ttl,
+        ));
         Ok(Self(Arc::new(ServiceState {
             config,
             containerd,
@@ -146,6 +155,8 @@ impl CriService {
             oom_score_floor,
             pinned_images,
             pod_cidr: std::sync::Mutex::new(String::new()),
+            stream_requests,
+            stream_endpoint: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
         })))

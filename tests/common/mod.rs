@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod pod;
+pub mod streams;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
