@@ -130,6 +130,11 @@ impl CriService {
             s.pid = 0;
         });
         tracing::info!(container = %container.id(), exit_code = code, reason, "container exited");
+        self.emit_container_event(
+            container.id(),
+            &container.metadata.sandbox_id,
+            k8s_cri::v1::ContainerEventType::ContainerStoppedEvent,
+        );
         if let Err(e) = self.containerd.delete_task(container.id()).await {
             tracing::warn!(container = %container.id(), error = %e, "deleting the exited task failed");
         }
@@ -214,6 +219,11 @@ impl CriService {
         }
         self.containers.remove(&id);
         self.container_names.release(&container.metadata.name, &id);
+        self.emit_container_event(
+            &id,
+            &container.metadata.sandbox_id,
+            k8s_cri::v1::ContainerEventType::ContainerDeletedEvent,
+        );
         Ok(())
     }
 }

@@ -273,6 +273,11 @@ impl CriService {
             // Persist the CREATED status before the container becomes visible.
             container.update_status(|_| {});
             self.containers.add(container);
+            self.emit_container_event(
+                &id,
+                &metadata.sandbox_id,
+                k8s_cri::v1::ContainerEventType::ContainerCreatedEvent,
+            );
             Ok::<(), Status>(())
         }
         .await;

@@ -48,6 +48,11 @@ impl CriService {
                     s.started_at = unix_nanos(SystemTime::now());
                 });
                 tracing::info!(container = %id, pid, "container started");
+                self.emit_container_event(
+                    &id,
+                    &container.metadata.sandbox_id,
+                    k8s_cri::v1::ContainerEventType::ContainerStartedEvent,
+                );
                 Ok(StartContainerResponse {})
             }
             Err(message) => {

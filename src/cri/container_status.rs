@@ -36,9 +36,6 @@ impl CriService {
         req: ContainerStatusRequest,
     ) -> Result<ContainerStatusResponse, Status> {
         let container = self.require_container(&req.container_id)?;
-        let metadata = &container.metadata;
-        let status = container.status();
-        let config = &metadata.config;
         let mut info = HashMap::new();
         if req.verbose {
             info.insert(
@@ -47,31 +44,39 @@ impl CriService {
             );
         }
         Ok(ContainerStatusResponse {
-            status: Some(CriStatus {
-                id: metadata.id.clone(),
-                metadata: config.metadata.clone(),
-                state: cri_state(status.state),
-                created_at: status.created_at,
-                started_at: status.started_at,
-                finished_at: status.finished_at,
-                exit_code: status.exit_code,
-                image: Self::image_spec(&container),
-                image_ref: self.image_ref(&container),
-                reason: status.reason.clone(),
-                message: status.message.clone(),
-                labels: config.labels.clone(),
-                annotations: config.annotations.clone(),
-                mounts: config.mounts.clone(),
-                log_path: metadata.log_path.clone(),
-                resources: container.resources().map(|linux| ContainerResources {
-                    linux: Some(linux),
-                    windows: None,
-                }),
-                image_id: metadata.image_ref.clone(),
-                ..Default::default()
-            }),
+            status: Some(self.container_cri_status(&container)),
             info,
         })
+    }
+
+    /// A container as the CRI shows it.
+    pub(crate) fn container_cri_status(&self, container: &Container) -> CriStatus {
+        let metadata = &container.metadata;
+        let status = container.status();
+        let config = &metadata.config;
+        CriStatus {
+            id: metadata.id.clone(),
+            metadata: config.metadata.clone(),
+            state: cri_state(status.state),
+            created_at: status.created_at,
+            started_at: status.started_at,
+            finished_at: status.finished_at,
+            exit_code: status.exit_code,
+            image: Self::image_spec(container),
+            image_ref: self.image_ref(container),
+            reason: status.reason.clone(),
+            message: status.message.clone(),
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+            mounts: config.mounts.clone(),
+            log_path: metadata.log_path.clone(),
+            resources: container.resources().map(|linux| ContainerResources {
+                linux: Some(linux),
+                windows: None,
+            }),
+            image_id: metadata.image_ref.clone(),
+            ..Default::default()
+        }
     }
 
     /// The verbose `info` of a container, as containerd's CRI reports it.

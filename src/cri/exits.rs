@@ -48,12 +48,20 @@ impl TaskExitHandler for CriService {
             return;
         }
         tracing::info!(sandbox = %event.container_id, exit_status = event.exit_status, "pause task exited");
+        let was_ready = sandbox.status().state == SandboxState::Ready;
         sandbox.update_status(|s| {
             if s.state == SandboxState::Ready {
                 s.state = SandboxState::NotReady;
             }
             s.pid = 0;
         });
+        if was_ready {
+            self.emit_container_event(
+                &event.container_id,
+                &event.container_id,
+                k8s_cri::v1::ContainerEventType::ContainerStoppedEvent,
+            );
+        }
         // Deleting the task may wait on the shim: do it off the event loop, and not while a
         // Stop or Remove of the sandbox is deleting it too.
         let service = self.clone();

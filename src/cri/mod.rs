@@ -7,6 +7,8 @@
 
 pub(crate) mod container;
 mod container_create;
+mod container_events;
+pub use container_events::EVENT_BUFFER as CONTAINER_EVENT_BUFFER;
 mod container_execsync;
 mod container_log;
 mod container_remove;

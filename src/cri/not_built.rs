@@ -28,14 +28,3 @@ not_built! {
     list_metric_descriptors, "ListMetricDescriptors", ListMetricDescriptorsRequest, ListMetricDescriptorsResponse;
     list_pod_sandbox_metrics, "ListPodSandboxMetrics", ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse;
 }
-
-impl CriService {
-    pub async fn get_container_events(
-        &self,
-        _req: GetEventsRequest,
-    ) -> Result<crate::server::ContainerEventStream, Status> {
-        Err(Status::unimplemented(
-            "GetContainerEvents is not implemented in crius yet",
-        ))
-    }
-}

@@ -238,10 +238,18 @@ impl CriService {
                 .await?;
         }
         self.destroy_task(&id).await?;
+        let was_ready = sandbox.status().state == SandboxState::Ready;
         sandbox.update_status(|s| {
             s.state = SandboxState::NotReady;
             s.pid = 0;
         });
+        if was_ready {
+            self.emit_container_event(
+                &id,
+                &id,
+                k8s_cri::v1::ContainerEventType::ContainerStoppedEvent,
+            );
+        }
         if !metadata.netns_path.is_empty() {
             self.cni_network
                 .teardown(&pod_ref(&metadata))

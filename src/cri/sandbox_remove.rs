@@ -35,6 +35,11 @@ impl CriService {
         self.remove_sandbox_dirs(&id)?;
         self.sandboxes.remove(&id);
         self.sandbox_names.release(&metadata.name, &id);
+        self.emit_container_event(
+            &id,
+            &id,
+            k8s_cri::v1::ContainerEventType::ContainerDeletedEvent,
+        );
         tracing::info!(sandbox = %id, "pod sandbox removed");
         Ok(RemovePodSandboxResponse {})
     }

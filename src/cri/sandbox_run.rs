@@ -241,6 +241,12 @@ impl CriService {
             s.pid = pid;
         });
         tracing::info!(sandbox = %id, name, pid, ips = ?sandbox.metadata().ips, "pod sandbox running");
+        for kind in [
+            k8s_cri::v1::ContainerEventType::ContainerCreatedEvent,
+            k8s_cri::v1::ContainerEventType::ContainerStartedEvent,
+        ] {
+            self.emit_container_event(id, id, kind);
+        }
         Ok(())
     }
 

@@ -37,14 +37,6 @@ impl CriService {
             .ok_or_else(|| {
                 Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
             })?;
-        let metadata = sandbox.metadata();
-        let status = sandbox.status();
-        let config = &metadata.config;
-        let namespace_options = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .and_then(|s| s.namespace_options.clone());
         let mut info = HashMap::new();
         if req.verbose {
             info.insert(
@@ -53,29 +45,7 @@ impl CriService {
             );
         }
         Ok(PodSandboxStatusResponse {
-            status: Some(PodSandboxStatus {
-                id: metadata.id.clone(),
-                metadata: config.metadata.clone(),
-                state: cri_state(status.state),
-                created_at: metadata.created_at,
-                network: Some(PodSandboxNetworkStatus {
-                    ip: metadata.ips.first().cloned().unwrap_or_default(),
-                    additional_ips: metadata
-                        .ips
-                        .iter()
-                        .skip(1)
-                        .map(|ip| PodIp { ip: ip.clone() })
-                        .collect(),
-                }),
-                linux: Some(LinuxPodSandboxStatus {
-                    namespaces: Some(Namespace {
-                        options: namespace_options,
-                    }),
-                }),
-                labels: config.labels.clone(),
-                annotations: config.annotations.clone(),
-                runtime_handler: metadata.runtime_handler.clone(),
-            }),
+            status: Some(sandbox_cri_status(&sandbox)),
             info,
             containers_statuses: Vec::new(),
             timestamp: unix_nanos(std::time::SystemTime::now()),
@@ -164,5 +134,40 @@ impl CriService {
             })
             .collect();
         Ok(ListPodSandboxResponse { items })
+    }
+}
+
+/// A sandbox as the CRI shows it.
+pub(crate) fn sandbox_cri_status(sandbox: &Sandbox) -> PodSandboxStatus {
+    let metadata = sandbox.metadata();
+    let status = sandbox.status();
+    let config = &metadata.config;
+    let namespace_options = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone());
+    PodSandboxStatus {
+        id: metadata.id.clone(),
+        metadata: config.metadata.clone(),
+        state: cri_state(status.state),
+        created_at: metadata.created_at,
+        network: Some(PodSandboxNetworkStatus {
+            ip: metadata.ips.first().cloned().unwrap_or_default(),
+            additional_ips: metadata
+                .ips
+                .iter()
+                .skip(1)
+                .map(|ip| PodIp { ip: ip.clone() })
+                .collect(),
+        }),
+        linux: Some(LinuxPodSandboxStatus {
+            namespaces: Some(Namespace {
+                options: namespace_options,
+            }),
+        }),
+        labels: config.labels.clone(),
+        annotations: config.annotations.clone(),
+        runtime_handler: metadata.runtime_handler.clone(),
     }
 }

@@ -63,6 +63,8 @@ pub struct ServiceState {
     pub pinned_images: std::collections::HashSet<String>,
     /// The pod CIDR kubelet last sent with UpdateRuntimeConfig.
     pub pod_cidr: std::sync::Mutex<String>,
+    /// Container and sandbox lifecycle events for `GetContainerEvents`.
+    pub container_events: tokio::sync::broadcast::Sender<k8s_cri::v1::ContainerEventResponse>,
     /// Exec/attach/port-forward requests waiting for their client.
     pub stream_requests: Arc<crate::streaming::StreamRequests>,
     /// The stream server, once it is bound.
@@ -156,6 +158,7 @@ impl CriService {
             pinned_images,
             pod_cidr: std::sync::Mutex::new(String::new()),
             stream_requests,
+            container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
