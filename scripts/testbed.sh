@@ -230,6 +230,9 @@ stop_pidfile() {
 down() {
   # Shims the tests left behind belong to this containerd: they name its socket.
   pkill -9 -f "containerd-shim.*-address $CTRD_SOCK" 2>/dev/null || true
+  # Tests that restart containerd run their own under $TB/private.
+  pkill -9 -f "containerd --config $TB/private/" 2>/dev/null || true
+  pkill -9 -f "containerd-shim.*-address $TB/private/" 2>/dev/null || true
   stop_pidfile "$CTRD_DIR/pid"
   stop_pidfile "$TB/registry/pid"
   stop_pidfile "$TB/auth-registry/pid"
@@ -238,7 +241,7 @@ down() {
   for m in $(awk -v tb="$TB/" 'index($2, tb) == 1 {print $2}' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
-  rm -rf "$CTRD_DIR" "$TB/registry" "$TB/auth-registry"
+  rm -rf "$CTRD_DIR" "$TB/registry" "$TB/auth-registry" "$TB/private"
   log "stopped"
 }
 

@@ -40,6 +40,8 @@ pub trait TaskExitHandler: Send + Sync {
     async fn task_oom(&self, container_id: &str);
     /// Called after a gap in the event stream: re-check every task.
     async fn resync_tasks(&self);
+    /// The event stream broke (`false`) or stands again (`true`).
+    fn containerd_reachable(&self, _reachable: bool) {}
 }
 
 /// Follows containerd's events for crius's namespace.
@@ -82,6 +84,7 @@ impl EventMonitor {
             let mut stream = match subscribed {
                 Ok(resp) => resp.into_inner(),
                 Err(status) => {
+                    self.exits.containerd_reachable(false);
                     tracing::warn!(error = %status, retry_in = ?backoff, "cannot subscribe to containerd events");
                     tokio::select! {
                         _ = cancel.cancelled() => return Ok(()),
@@ -92,6 +95,7 @@ impl EventMonitor {
                 }
             };
             backoff = Duration::from_millis(100);
+            self.exits.containerd_reachable(true);
             if !first {
                 tracing::info!("resubscribed to containerd events; re-syncing images and tasks");
                 self.resync_images().await;
@@ -107,10 +111,12 @@ impl EventMonitor {
                     Some(Ok(envelope)) => self.handle(envelope).await,
                     Some(Err(status)) => {
                         tracing::warn!(error = %status, "containerd event stream broke");
+                        self.exits.containerd_reachable(false);
                         break;
                     }
                     None => {
                         tracing::warn!("containerd event stream ended");
+                        self.exits.containerd_reachable(false);
                         break;
                     }
                 }

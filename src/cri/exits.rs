@@ -82,6 +82,10 @@ impl TaskExitHandler for CriService {
         }
     }
 
+    fn containerd_reachable(&self, reachable: bool) {
+        self.set_containerd_reachable(reachable);
+    }
+
     async fn resync_tasks(&self) {
         for container in self.containers.list() {
             if container.status().state != ContainerState::Running {

@@ -53,7 +53,8 @@ impl CriServer {
         let result = match crate::failpoint::hit_rpc(rpc).await {
             Ok(()) => call.await,
             Err(e) => Err(Status::internal(e.to_string())),
-        };
+        }
+        .map_err(|status| self.unavailable_while_containerd_is_away(status));
         let latency_us = start.elapsed().as_micros() as u64;
         match &result {
             Ok(_) if is_read_only(rpc) => {
@@ -68,6 +69,18 @@ impl CriServer {
             ),
         }
         result
+    }
+
+    /// A call that broke while containerd is unreachable failed for that reason: say so with
+    /// `UNAVAILABLE`, which clients retry, rather than `INTERNAL`.
+    fn unavailable_while_containerd_is_away(&self, status: Status) -> Status {
+        if matches!(status.code(), Code::Internal | Code::Unknown)
+            && !self.service.containerd_reachable()
+        {
+            Status::unavailable(format!("containerd is not reachable: {}", status.message()))
+        } else {
+            status
+        }
     }
 
     /// One unary `v1` call: unwrap, instrument, run the handler, wrap.

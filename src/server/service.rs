@@ -70,6 +70,8 @@ pub struct ServiceState {
     /// The stream server, once it is bound.
     pub stream_endpoint: std::sync::OnceLock<crate::streaming::StreamEndpoint>,
     initialized: AtomicBool,
+    /// Whether crius's event subscription to containerd stands (cleared when it breaks).
+    containerd_reachable: AtomicBool,
     /// Fired by `close`: every task of the service watches it.
     pub(crate) shutdown: CancellationToken,
 }
@@ -161,6 +163,7 @@ impl CriService {
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),
+            containerd_reachable: AtomicBool::new(true),
             shutdown: CancellationToken::new(),
         })))
     }
@@ -172,6 +175,24 @@ impl CriService {
 
     pub(crate) fn mark_initialized(&self) {
         self.initialized.store(true, Ordering::Release);
+    }
+
+    /// Whether containerd answered last time crius looked (its event stream stands).
+    pub fn containerd_reachable(&self) -> bool {
+        self.containerd_reachable.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_containerd_reachable(&self, reachable: bool) {
+        let was = self.containerd_reachable.swap(reachable, Ordering::AcqRel);
+        if was != reachable {
+            if reachable {
+                tracing::info!("containerd is reachable again");
+            } else {
+                tracing::warn!(
+                    "containerd is not reachable; calls that need it answer UNAVAILABLE"
+                );
+            }
+        }
     }
 
     /// Stops the service's tasks (CNI watcher, syncers, servers). Idempotent.

@@ -206,6 +206,11 @@ impl Crius {
         }
     }
 
+    /// A client, or the error when crius does not answer.
+    pub async fn client_now(&self) -> Result<CriClient, crius::client::ClientError> {
+        CriClient::connect(self.grpc_socket()).await
+    }
+
     pub async fn client(&self) -> CriClient {
         CriClient::connect(self.grpc_socket())
             .await
@@ -402,5 +407,136 @@ pub fn pod_config(name: &str) -> k8s_cri::v1::PodSandboxConfig {
         log_directory: format!("/tmp/crius-test-logs/{name}"),
         linux: Some(k8s_cri::v1::LinuxPodSandboxConfig::default()),
         ..Default::default()
+    }
+}
+
+/// A containerd of one test's own, for tests that stop and restart it. It lives next to the
+/// test bed's containerd (same filesystem, so overlayfs works) and is killed on drop.
+pub struct PrivateContainerd {
+    pub dir: PathBuf,
+    pub address: PathBuf,
+    pub root: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateContainerd {
+    pub async fn start() -> Self {
+        let testbed = Testbed::from_env();
+        let base = testbed
+            .containerd_address
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test bed directory")
+            .join("private");
+        let dir = base.join(format!(
+            "{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create private containerd dir");
+        let address = dir.join("containerd.sock");
+        let root = dir.join("root");
+        std::fs::write(
+            dir.join("config.toml"),
+            format!(
+                r#"version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "{address}"
+[ttrpc]
+  address = "{address}.ttrpc"
+[plugins."io.containerd.gc.v1.scheduler"]
+  deletion_threshold = 0
+"#,
+                root = root.display(),
+                state = dir.join("state").display(),
+                address = address.display(),
+            ),
+        )
+        .expect("write containerd config");
+        let mut containerd = Self {
+            dir,
+            address,
+            root,
+            child: None,
+        };
+        containerd.launch().await;
+        containerd
+    }
+
+    async fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("log"))
+            .expect("containerd log");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn containerd");
+        self.child = Some(child);
+        let address = self.address.clone();
+        let up = eventually(Duration::from_secs(20), || {
+            let address = address.clone();
+            async move {
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(&address)
+                    .args(["--connect-timeout", "1s", "version"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }
+        })
+        .await;
+        assert!(up, "the private containerd did not come up");
+    }
+
+    /// Kills containerd as a crash would; its shims (and so the containers) live on.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.launch().await;
+    }
+
+    /// Points a crius config at this containerd.
+    pub fn configure(&self, config: &mut Config) {
+        config.containerd.address = self.address.clone();
+        config.containerd.root = self.root.clone();
+    }
+}
+
+impl Drop for PrivateContainerd {
+    fn drop(&mut self) {
+        self.kill();
+        // Its shims name its socket; nothing else may be left running.
+        let _ = Command::new("pkill")
+            .args([
+                "-9",
+                "-f",
+                &format!("containerd-shim.*-address {}", self.address.display()),
+            ])
+            .status();
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "grep ' {0}' /proc/mounts | cut -d' ' -f2 | sort -r | xargs -r -n1 umount -l",
+                self.dir.display()
+            ))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
