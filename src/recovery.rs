@@ -1,7 +1,11 @@
-//! Rebuilding the in-memory stores from containerd at start-up.
+//! Rebuilding the in-memory stores from containerd at start-up, and finishing or undoing
+//! what a crash left half-made.
 //!
 //! Each item loads with its own timeout and concurrently with the others, so one broken
-//! or hung item cannot block start-up; what cannot be loaded is logged and skipped.
+//! or hung item cannot block start-up. A sandbox whose RunPodSandbox never finished is
+//! completed when its pause task runs and undone otherwise; a container whose
+//! CreateContainer never persisted its status is undone; crius's leases, directories with
+//! no containerd container behind them and the netns they name are removed.
 
 use std::time::Duration;
 
@@ -78,10 +82,22 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
                 continue;
             }
             None => {
-                tracing::warn!(sandbox = %record.id, "skipping sandbox container without crius metadata");
+                tracing::warn!(sandbox = %record.id, "deleting a sandbox container without crius metadata");
+                delete_record(service, &record.id).await;
                 continue;
             }
         };
+        if !service.sandbox_was_started(&metadata.id) {
+            let running = matches!(&task, Ok(Ok(Some(t))) if t.status == ProcessStatus::Running);
+            if !running {
+                discard_sandbox(service, metadata).await;
+                continue;
+            }
+            tracing::info!(sandbox = %metadata.id, "finishing a sandbox whose creation was interrupted");
+            if let Err(e) = service.mark_sandbox_started(&metadata.id) {
+                tracing::warn!(sandbox = %metadata.id, error = %e.message(), "cannot record the sandbox as made");
+            }
+        }
         let (state, pid) = match task {
             Ok(Ok(Some(t))) if t.status == ProcessStatus::Running => (SandboxState::Ready, t.pid),
             Ok(Ok(_)) => (SandboxState::NotReady, 0),
@@ -136,18 +152,32 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
                 continue;
             }
             None => {
-                tracing::warn!(container = %record.id, "skipping container without crius metadata");
+                tracing::warn!(container = %record.id, "deleting a container without crius metadata");
+                delete_record(service, &record.id).await;
                 continue;
             }
         };
         let id = metadata.id.clone();
         let status_path = service.container_root_dir(&id).join("status");
-        let status = read_status(&status_path).unwrap_or_else(|e| {
-            tracing::warn!(container = %id, error = %e, "container status file unreadable");
-            let mut status = ContainerStatus::created(metadata.created_at);
-            status.state = ContainerState::Unknown;
-            status
-        });
+        let status = match read_status(&status_path) {
+            Ok(status) => status,
+            // CreateContainer persists the status last: without it, it never finished.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::info!(container = %id, "undoing a container whose creation was interrupted");
+                delete_record(service, &id).await;
+                remove_dirs(&[
+                    service.container_root_dir(&id),
+                    service.container_state_dir(&id),
+                ]);
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(container = %id, error = %e, "container status file unreadable");
+                let mut status = ContainerStatus::created(metadata.created_at);
+                status.state = ContainerState::Unknown;
+                status
+            }
+        };
         let process_spec = record
             .spec
             .as_ref()
@@ -208,10 +238,12 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
             }
             Ok(Ok(None)) => {}
             Ok(Err(e)) => {
-                tracing::warn!(container = %id, error = %e, "container task state unknown");
+                tracing::warn!(container = %id, error = %e, "container task state unknown; EXITED with an unknown code");
+                mark_lost(&container);
             }
             Err(_) => {
-                tracing::warn!(container = %id, timeout = ?ITEM_TIMEOUT, "container task did not answer");
+                tracing::warn!(container = %id, timeout = ?ITEM_TIMEOUT, "container task did not answer; EXITED with an unknown code");
+                mark_lost(&container);
             }
         }
         if let Err(e) = service.container_names.reserve(&metadata.name, &id) {
@@ -222,4 +254,163 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
     }
     tracing::info!(containers = recovered, "containers recovered");
     Ok(recovered)
+}
+
+/// A container whose task could not be asked about: it is reported exited, code unknown.
+fn mark_lost(container: &Container) {
+    if matches!(
+        container.status().state,
+        ContainerState::Running | ContainerState::Unknown
+    ) {
+        container.update_status(|s| {
+            s.state = ContainerState::Exited;
+            s.exit_code = UNKNOWN_EXIT_CODE as i32;
+            s.reason = "Unknown".to_string();
+            s.finished_at = crate::cri::unix_nanos(std::time::SystemTime::now()).max(s.started_at);
+            s.pid = 0;
+        });
+    }
+}
+
+/// Undoes a sandbox whose creation never finished: network, netns, task, containerd
+/// container, snapshot and dirs. Kept (NOTREADY) when that fails, for Remove to retry.
+async fn discard_sandbox(service: &CriService, metadata: crate::store::SandboxMetadata) {
+    let id = metadata.id.clone();
+    tracing::info!(sandbox = %id, "undoing a sandbox whose creation was interrupted");
+    let sandbox = Arc::new(Sandbox::new(
+        metadata.clone(),
+        SandboxStatus {
+            state: SandboxState::NotReady,
+            pid: 0,
+            netns_closed: false,
+        },
+    ));
+    match tokio::time::timeout(ITEM_TIMEOUT, service.destroy_sandbox(&sandbox)).await {
+        Ok(Ok(())) => {}
+        failed => {
+            let reason = match failed {
+                Ok(Err(e)) => e.message().to_string(),
+                _ => format!("timed out after {ITEM_TIMEOUT:?}"),
+            };
+            tracing::warn!(sandbox = %id, error = %reason, "cannot undo the half-made sandbox; keeping it NOTREADY");
+            if let Err(e) = service.sandbox_names.reserve(&metadata.name, &id) {
+                tracing::warn!(sandbox = %id, error = %e, "sandbox name already taken");
+            }
+            service.sandboxes.add(sandbox);
+        }
+    }
+}
+
+/// Deletes a containerd container crius made, with its task and snapshot.
+async fn delete_record(service: &CriService, id: &str) {
+    if let Err(e) = service.destroy_task(id).await {
+        tracing::warn!(id, error = %e.message(), "deleting a leftover task failed");
+    }
+    if let Err(e) = service.containerd.delete_container(id).await {
+        tracing::warn!(id, error = %e, "deleting a leftover containerd container failed");
+    }
+    remove_snapshot(service, id).await;
+}
+
+/// Removes the snapshot crius prepared under `id`, if it is still there.
+async fn remove_snapshot(service: &CriService, id: &str) {
+    if let Err(e) = service
+        .containerd
+        .remove_snapshot(&service.config.containerd.snapshotter, id)
+        .await
+    {
+        tracing::warn!(id, error = %e, "removing a leftover snapshot failed");
+    }
+}
+
+fn remove_dirs(dirs: &[std::path::PathBuf]) {
+    for dir in dirs {
+        if let Err(e) = std::fs::remove_dir_all(dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "removing a leftover directory failed");
+        }
+    }
+}
+
+/// IDs of the entries of `dir` (none when it does not exist).
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// After recovery: removes crius's leases (no pull or creation is in flight at start-up,
+/// so what they hold is garbage), and the directories, shm mounts and netns of sandboxes
+/// and containers containerd has no record of.
+pub async fn clean_up_leftovers(service: &CriService) {
+    match service.containerd.list_leases().await {
+        Ok(leases) => {
+            for lease in leases.iter().filter(|l| l.starts_with("crius-")) {
+                tracing::info!(%lease, "deleting a lease left by an interrupted operation");
+                if let Err(e) = service.containerd.delete_lease(lease, false).await {
+                    tracing::warn!(%lease, error = %e, "deleting a stale lease failed");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot list leases to clean up"),
+    }
+
+    let config = &service.config;
+    let mut sandbox_ids = entries(&config.root.join("sandboxes"));
+    sandbox_ids.extend(entries(&config.state.join("sandboxes")));
+    sandbox_ids.sort();
+    sandbox_ids.dedup();
+    for id in sandbox_ids {
+        if service
+            .sandboxes
+            .get(&id)
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.id() == id)
+        {
+            continue;
+        }
+        tracing::info!(sandbox = %id, "removing the leftovers of a sandbox containerd does not know");
+        let note = service
+            .sandbox_root_dir(&id)
+            .join(crate::cri::sandbox::NETNS_NOTE);
+        if let Ok(netns) = std::fs::read_to_string(&note)
+            && !netns.trim().is_empty()
+            && let Err(e) = crate::netns::remove(Path::new(netns.trim())).await
+        {
+            tracing::warn!(sandbox = %id, error = %e, "removing a leftover netns failed");
+        }
+        remove_snapshot(service, &id).await;
+        if let Err(e) = service.remove_sandbox_dirs(&id) {
+            tracing::warn!(sandbox = %id, error = %e.message(), "removing leftover sandbox dirs failed");
+        }
+    }
+
+    let mut container_ids = entries(&config.root.join("containers"));
+    container_ids.extend(entries(&config.state.join("containers")));
+    container_ids.sort();
+    container_ids.dedup();
+    for id in container_ids {
+        if service
+            .containers
+            .get(&id)
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.id() == id)
+        {
+            continue;
+        }
+        tracing::info!(container = %id, "removing the leftovers of a container containerd does not know");
+        remove_snapshot(service, &id).await;
+        remove_dirs(&[
+            service.container_root_dir(&id),
+            service.container_state_dir(&id),
+        ]);
+    }
 }

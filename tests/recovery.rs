@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::pod::{container, pod};
-use common::{Crius, PrivateContainerd, eventually};
+use common::pod::{container, pod, pod_with};
+use common::{Crius, PrivateContainerd, TestNetwork, eventually, pod_config};
 use futures::StreamExt;
 use k8s_cri::v1::{
     ContainerEventResponse, ContainerEventType, ContainerState, GetEventsRequest, Mount,
@@ -263,4 +263,498 @@ async fn crius_rides_out_a_containerd_restart() {
     let (out, _, _) = fresh.exec(&id, &["echo", "new"], 10).await.expect("exec");
     assert_eq!(out, "new\n");
     assert!(crius.try_wait().is_none(), "crius must keep running");
+}
+
+/// Everything of a sandbox or container crius could leave behind, in its namespace and dirs.
+struct Traces {
+    containers: String,
+    active_snapshots: Vec<String>,
+    leases: Vec<String>,
+    sandbox_dirs: Vec<String>,
+    container_dirs: Vec<String>,
+}
+
+fn list_dir(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn traces(crius: &Crius) -> Traces {
+    let mut sandbox_dirs = list_dir(&crius.config.root.join("sandboxes"));
+    sandbox_dirs.extend(list_dir(&crius.config.state.join("sandboxes")));
+    let mut container_dirs = list_dir(&crius.config.root.join("containers"));
+    container_dirs.extend(list_dir(&crius.config.state.join("containers")));
+    Traces {
+        containers: crius.ctr(&["containers", "ls", "-q"]),
+        active_snapshots: crius
+            .ctr(&["snapshots", "ls"])
+            .lines()
+            .filter(|l| l.contains("Active"))
+            .map(str::to_string)
+            .collect(),
+        leases: crius
+            .ctr(&["leases", "ls", "-q"])
+            .lines()
+            .filter(|l| l.starts_with("crius-"))
+            .map(str::to_string)
+            .collect(),
+        sandbox_dirs,
+        container_dirs,
+    }
+}
+
+/// The netns paths noted in the sandbox dirs crius left.
+fn noted_netns(crius: &Crius) -> Vec<String> {
+    list_dir(&crius.config.root.join("sandboxes"))
+        .iter()
+        .filter_map(|id| {
+            std::fs::read_to_string(crius.config.root.join("sandboxes").join(id).join("netns")).ok()
+        })
+        .collect()
+}
+
+/// Runs a network pod with crius set to die at `point`, restarts crius, and checks the pod
+/// is either complete and working or gone without a trace, its name free again.
+async fn sandbox_crash_at(point: &str, tag: u8, survives: bool) {
+    let mut network = None;
+    let failpoint = format!("{point}=kill");
+    let mut crius = Crius::start_with(
+        |c| network = Some(TestNetwork::install(c, tag)),
+        &[("CRIUS_FAILPOINTS", failpoint.as_str())],
+    )
+    .await;
+    let network = network.expect("network");
+    let config = pod_config(&format!("crash-{tag}"));
+    let mut client = crius.client().await;
+    let image = common::pod::image("busybox:latest");
+    client
+        .image
+        .pull_image(k8s_cri::v1::PullImageRequest {
+            image: Some(k8s_cri::v1::ImageSpec {
+                image: image.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("pull");
+    let died = client
+        .runtime
+        .run_pod_sandbox(k8s_cri::v1::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await;
+    assert!(died.is_err(), "crius should have died at {point}");
+    assert!(
+        crius.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "crius still runs"
+    );
+    let netns = noted_netns(&crius);
+    crius.restart_after_crash().await;
+
+    let mut client = crius.client().await;
+    let pods = client
+        .runtime
+        .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("list")
+        .into_inner()
+        .items;
+    if survives {
+        assert_eq!(pods.len(), 1, "{point}: the finished pod is kept");
+        assert_eq!(
+            pods[0].state,
+            k8s_cri::v1::PodSandboxState::SandboxReady as i32
+        );
+        let mut pod = common::pod::Pod {
+            client: client.clone(),
+            id: pods[0].id.clone(),
+            config: config.clone(),
+        };
+        let id = pod
+            .run(container("after", "busybox:latest", &["sleep", "1000"]))
+            .await;
+        let (out, _, _) = pod
+            .exec(&id, &["ip", "-4", "addr", "show", "eth0"], 10)
+            .await
+            .expect("exec");
+        assert!(
+            out.contains(&network.subnet_prefix),
+            "{point}: pod network: {out}"
+        );
+        return;
+    }
+    assert!(
+        pods.is_empty(),
+        "{point}: the half-made pod is gone: {pods:?}"
+    );
+    let left = traces(&crius);
+    assert_eq!(left.containers.trim(), "", "{point}: containerd containers");
+    assert!(
+        left.active_snapshots.is_empty(),
+        "{point}: snapshots {:?}",
+        left.active_snapshots
+    );
+    assert!(left.leases.is_empty(), "{point}: leases {:?}", left.leases);
+    assert!(
+        left.sandbox_dirs.is_empty(),
+        "{point}: dirs {:?}",
+        left.sandbox_dirs
+    );
+    assert!(
+        network.reserved_ips().is_empty(),
+        "{point}: IPs {:?}",
+        network.reserved_ips()
+    );
+    for path in netns {
+        assert!(
+            !std::path::Path::new(path.trim()).exists(),
+            "{point}: netns {path} left"
+        );
+    }
+    // The name is free: the same pod runs now.
+    let pod = pod_with(&crius, config).await;
+    assert!(!pod.id.is_empty());
+}
+
+#[tokio::test]
+async fn a_crash_after_the_netns_leaves_no_pod() {
+    sandbox_crash_at("sandbox_after_netns", 130, false).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_the_sandbox_container_leaves_no_pod() {
+    sandbox_crash_at("sandbox_after_container", 131, false).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_cni_add_leaves_no_pod_and_no_ip() {
+    sandbox_crash_at("sandbox_after_cni", 132, false).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_the_pause_task_started_finishes_the_pod() {
+    sandbox_crash_at("sandbox_after_start", 133, true).await;
+}
+
+/// Creates (or removes) a container with crius set to die at `point`; after the restart
+/// the container is gone without a trace and its name is free, and the pod still works.
+async fn container_crash_at(point: &str, removing: bool) {
+    let failpoint = format!("{point}=kill");
+    let env = [("CRIUS_FAILPOINTS", failpoint.as_str())];
+    let mut crius = Crius::start_with(|_| {}, if removing { &[] } else { &env }).await;
+    let mut pod = pod(&crius, &format!("crash-{}", point.replace('_', "-"))).await;
+    let config = container("victim", "busybox:latest", &["sleep", "1000"]);
+    if removing {
+        let id = pod.run(config.clone()).await;
+        crius.restart_after_crash_with(&env).await;
+        pod.client = crius.client().await;
+        let died = pod
+            .client
+            .runtime
+            .remove_container(k8s_cri::v1::RemoveContainerRequest { container_id: id })
+            .await;
+        assert!(died.is_err(), "crius should have died at {point}");
+    } else {
+        assert!(
+            pod.create(config.clone()).await.is_err(),
+            "crius should have died at {point}"
+        );
+    }
+    assert!(
+        crius.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "crius still runs"
+    );
+    crius.restart_after_crash().await;
+    pod.client = crius.client().await;
+
+    let listed = pod
+        .client
+        .runtime
+        .list_containers(k8s_cri::v1::ListContainersRequest { filter: None })
+        .await
+        .expect("list")
+        .into_inner()
+        .containers;
+    assert!(listed.is_empty(), "{point}: {listed:?}");
+    let left = traces(&crius);
+    assert_eq!(
+        left.containers.trim(),
+        pod.id,
+        "{point}: only the pod's containerd container"
+    );
+    assert_eq!(
+        left.active_snapshots.len(),
+        1,
+        "{point}: {:?}",
+        left.active_snapshots
+    );
+    assert!(
+        left.container_dirs.is_empty(),
+        "{point}: dirs {:?}",
+        left.container_dirs
+    );
+    assert!(left.leases.is_empty(), "{point}: leases {:?}", left.leases);
+    let id = pod.run(config).await;
+    let (out, _, _) = pod.exec(&id, &["echo", "works"], 10).await.expect("exec");
+    assert_eq!(out, "works\n");
+}
+
+#[tokio::test]
+async fn a_crash_after_the_container_snapshot_leaves_no_container() {
+    container_crash_at("container_after_snapshot", false).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_the_container_record_leaves_no_container() {
+    container_crash_at("container_after_record", false).await;
+}
+
+#[tokio::test]
+async fn a_crash_in_the_middle_of_remove_container_finishes_it() {
+    container_crash_at("container_remove_after_record", true).await;
+}
+
+/// Every pod's and container's status, sorted by ID.
+async fn snapshot(
+    client: &mut crius::client::CriClient,
+) -> (
+    Vec<k8s_cri::v1::PodSandboxStatus>,
+    Vec<k8s_cri::v1::ContainerStatus>,
+) {
+    let mut pods = Vec::new();
+    let items = client
+        .runtime
+        .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None })
+        .await
+        .expect("list pods")
+        .into_inner()
+        .items;
+    for item in items {
+        let status = client
+            .runtime
+            .pod_sandbox_status(k8s_cri::v1::PodSandboxStatusRequest {
+                pod_sandbox_id: item.id,
+                verbose: false,
+            })
+            .await
+            .expect("pod status")
+            .into_inner()
+            .status
+            .expect("status");
+        pods.push(status);
+    }
+    pods.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut containers = Vec::new();
+    let items = client
+        .runtime
+        .list_containers(k8s_cri::v1::ListContainersRequest { filter: None })
+        .await
+        .expect("list containers")
+        .into_inner()
+        .containers;
+    for item in items {
+        let status = client
+            .runtime
+            .container_status(k8s_cri::v1::ContainerStatusRequest {
+                container_id: item.id,
+                verbose: false,
+            })
+            .await
+            .expect("container status")
+            .into_inner()
+            .status
+            .expect("status");
+        containers.push(status);
+    }
+    containers.sort_by(|a, b| a.id.cmp(&b.id));
+    (pods, containers)
+}
+
+#[tokio::test]
+async fn ten_pods_come_back_identical_after_crius_is_killed() {
+    let mut network = None;
+    let mut crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 134)), &[]).await;
+    let network = network.expect("network");
+    let signal_dir = tempfile::tempdir().expect("signal dir");
+    let mut pods = Vec::new();
+    let mut tickers = Vec::new();
+    let mut waiter = None;
+    let mut attachable = None;
+    for i in 0..10 {
+        let mut pod = pod_with(&crius, pod_config(&format!("ten-{i}"))).await;
+        let ticker = pod
+            .run(container(
+                "ticker",
+                "busybox:latest",
+                &["sh", "-c", "while true; do echo tick; sleep 0.2; done"],
+            ))
+            .await;
+        tickers.push((i, ticker));
+        match i {
+            // Exited with distinct codes.
+            0 | 3 | 6 => {
+                let code = format!("exit {}", 10 + i);
+                let id = pod
+                    .run(container("done", "busybox:latest", &["sh", "-c", &code]))
+                    .await;
+                pod.wait_exited(&id).await;
+            }
+            // Created, never started.
+            2 => {
+                pod.create(container("idle", "busybox:latest", &["true"]))
+                    .await
+                    .expect("create");
+            }
+            // Exits while crius is down.
+            9 => {
+                let mut config = container(
+                    "waiter",
+                    "busybox:latest",
+                    &[
+                        "sh",
+                        "-c",
+                        "while [ ! -f /signal/go ]; do sleep 0.1; done; exit 77",
+                    ],
+                );
+                config.mounts.push(Mount {
+                    container_path: "/signal".into(),
+                    host_path: signal_dir.path().display().to_string(),
+                    ..Default::default()
+                });
+                waiter = Some(pod.run(config).await);
+            }
+            // Reads a line from whoever attaches.
+            1 => {
+                let mut config = container(
+                    "reader",
+                    "busybox:latest",
+                    &["sh", "-c", "read line; echo got:$line"],
+                );
+                config.stdin = true;
+                config.stdin_once = true;
+                attachable = Some(pod.run(config).await);
+            }
+            _ => {
+                pod.run(container("sleeper", "busybox:latest", &["sleep", "1000"]))
+                    .await;
+            }
+        }
+        pods.push(pod);
+    }
+    let waiter = waiter.expect("waiter");
+    let attachable = attachable.expect("reader");
+    let mut client = crius.client().await;
+    let (pods_before, containers_before) = snapshot(&mut client).await;
+    assert_eq!(pods_before.len(), 10);
+    assert_eq!(containers_before.len(), 20);
+
+    crius.kill().await;
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    std::fs::write(signal_dir.path().join("go"), b"").expect("signal");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log_sizes: Vec<u64> = tickers
+        .iter()
+        .map(|(i, _)| {
+            std::fs::metadata(pods[*i].log_path("ticker"))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        })
+        .collect();
+    crius.restart_after_crash().await;
+
+    let mut client = crius.client().await;
+    let (pods_after, containers_after) = snapshot(&mut client).await;
+    assert_eq!(pods_after, pods_before, "pods differ after the restart");
+    assert!(pods_after.iter().all(|p| {
+        p.network
+            .as_ref()
+            .is_some_and(|n| n.ip.starts_with(&network.subnet_prefix))
+    }));
+    for (before, after) in containers_before.iter().zip(&containers_after) {
+        if after.id == waiter {
+            assert_eq!(after.state, ContainerState::ContainerExited as i32);
+            assert_eq!(after.exit_code, 77);
+            assert!(
+                after.finished_at >= killed_at,
+                "finished_at is the real exit time"
+            );
+            assert_eq!(after.started_at, before.started_at);
+        } else {
+            assert_eq!(
+                after, before,
+                "container {} differs after the restart",
+                before.id
+            );
+        }
+    }
+
+    // Logs keep growing, exec and attach work.
+    for ((i, _), size) in tickers.iter().zip(&log_sizes) {
+        let path = pods[*i].log_path("ticker");
+        let grew = eventually(Duration::from_secs(5), || {
+            let path = path.clone();
+            async move { std::fs::metadata(&path).is_ok_and(|m| m.len() > *size) }
+        })
+        .await;
+        assert!(grew, "the log of pod {i} stopped growing");
+    }
+    pods[4].client = client.clone();
+    let (out, _, _) = pods[4]
+        .exec(&tickers[4].1, &["echo", "exec-works"], 10)
+        .await
+        .expect("exec");
+    assert_eq!(out, "exec-works\n");
+    let url = client
+        .runtime
+        .attach(k8s_cri::v1::AttachRequest {
+            container_id: attachable.clone(),
+            stdin: true,
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .expect("attach")
+        .into_inner()
+        .url;
+    let output = common::streams::spdy_session(
+        &url,
+        common::streams::SessionInput {
+            stdin: Some(b"hello\n"),
+            close_stdin: true,
+            stdin_delay: Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(output.stdout, "got:hello\n");
+
+    // Stop and remove clean up everything.
+    for pod in pods {
+        let mut pod = pod;
+        pod.client = client.clone();
+        pod.remove_pod().await;
+    }
+    let left = traces(&crius);
+    assert_eq!(left.containers.trim(), "");
+    assert!(
+        left.active_snapshots.is_empty(),
+        "{:?}",
+        left.active_snapshots
+    );
+    assert!(left.sandbox_dirs.is_empty() && left.container_dirs.is_empty());
+    assert!(
+        network.reserved_ips().is_empty(),
+        "{:?}",
+        network.reserved_ips()
+    );
 }

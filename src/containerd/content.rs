@@ -88,6 +88,23 @@ impl Containerd {
         Ok(())
     }
 
+    /// The IDs of every lease in the namespace.
+    pub async fn list_leases(&self) -> Result<Vec<String>, ContainerdError> {
+        let response = self
+            .leases()
+            .list(containerd_client::services::v1::ListRequest {
+                filters: Vec::new(),
+            })
+            .await
+            .map_err(ContainerdError::rpc("list leases"))?;
+        Ok(response
+            .into_inner()
+            .leases
+            .into_iter()
+            .map(|lease| lease.id)
+            .collect())
+    }
+
     /// Deletes a lease; `sync` runs garbage collection before answering.
     pub async fn delete_lease(&self, id: &str, sync: bool) -> Result<(), ContainerdError> {
         match self

@@ -205,6 +205,9 @@ impl CriService {
             .delete_container(&id)
             .await
             .map_err(internal)?;
+        crate::failpoint::hit("container_remove_after_record")
+            .await
+            .map_err(internal)?;
         self.containerd
             .remove_snapshot(&self.config.containerd.snapshotter, &id)
             .await

@@ -136,6 +136,9 @@ impl CriService {
                     .prepare_snapshot(&snapshotter, &id, &image.chain_id, HashMap::new(), Some(&lease))
                     .await
                     .map_err(|e| Status::internal(format!("preparing the container rootfs: {e}")))?;
+                crate::failpoint::hit("container_after_snapshot")
+                    .await
+                    .map_err(internal)?;
                 {
                     let (service, id, snapshotter) = (self.clone(), id.clone(), snapshotter.clone());
                     undo.push("remove container snapshot", async move {
@@ -253,6 +256,9 @@ impl CriService {
                         let _ = service.containerd.delete_container(&id).await;
                     });
                 }
+                crate::failpoint::hit("container_after_record")
+                    .await
+                    .map_err(internal)?;
                 Ok::<_, Status>((metadata, process_spec))
             }
             .await;

@@ -104,6 +104,11 @@ pub fn resolv_conf(dns: &DnsConfig) -> String {
     text
 }
 
+/// In a sandbox's root dir: the path of its netns, written before the netns is made.
+pub(crate) const NETNS_NOTE: &str = "netns";
+/// In a sandbox's root dir: present once RunPodSandbox finished making it.
+const STARTED_MARK: &str = "started";
+
 impl CriService {
     pub(crate) fn sandbox_root_dir(&self, id: &str) -> PathBuf {
         self.config.root.join("sandboxes").join(id)
@@ -174,6 +179,17 @@ impl CriService {
             Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
             Err(e) => tracing::warn!(sandbox = id, error = %e, "unmounting /dev/shm failed"),
         }
+    }
+
+    /// Records that the sandbox was fully made: recovery undoes sandboxes without it.
+    pub(crate) fn mark_sandbox_started(&self, id: &str) -> Result<(), Status> {
+        let path = self.sandbox_root_dir(id).join(STARTED_MARK);
+        crate::fsutil::write_atomic(&path, b"started\n", 0o600)
+            .map_err(|e| Status::internal(format!("writing {}: {e}", path.display())))
+    }
+
+    pub(crate) fn sandbox_was_started(&self, id: &str) -> bool {
+        self.sandbox_root_dir(id).join(STARTED_MARK).exists()
     }
 
     /// Removes the sandbox's root and state dirs.

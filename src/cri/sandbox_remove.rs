@@ -6,6 +6,8 @@ use tonic::Status;
 
 use super::sandbox::internal;
 use crate::server::CriService;
+use crate::store::Sandbox;
+use std::sync::Arc;
 
 impl CriService {
     pub async fn remove_pod_sandbox(
@@ -18,8 +20,23 @@ impl CriService {
         let _lifecycle = sandbox.lifecycle.lock().await;
         let metadata = sandbox.metadata();
         let id = metadata.id.clone();
-        // Stopping is idempotent: it also finishes a stop that failed half-way.
-        self.stop_sandbox(&sandbox).await?;
+        self.destroy_sandbox(&sandbox).await?;
+        self.sandboxes.remove(&id);
+        self.sandbox_names.release(&metadata.name, &id);
+        self.emit_container_event(
+            &id,
+            &id,
+            k8s_cri::v1::ContainerEventType::ContainerDeletedEvent,
+        );
+        tracing::info!(sandbox = %id, "pod sandbox removed");
+        Ok(RemovePodSandboxResponse {})
+    }
+
+    /// Stops the sandbox (idempotent: it also finishes a stop that failed half-way), then
+    /// deletes its containers, containerd container, snapshot and directories.
+    pub(crate) async fn destroy_sandbox(&self, sandbox: &Arc<Sandbox>) -> Result<(), Status> {
+        let id = sandbox.id();
+        self.stop_sandbox(sandbox).await?;
         for container in self.containers.in_sandbox(&id) {
             let _container_lifecycle = container.lifecycle.lock().await;
             self.destroy_container(&container).await?;
@@ -32,15 +49,6 @@ impl CriService {
             .remove_snapshot(&self.config.containerd.snapshotter, &id)
             .await
             .map_err(internal)?;
-        self.remove_sandbox_dirs(&id)?;
-        self.sandboxes.remove(&id);
-        self.sandbox_names.release(&metadata.name, &id);
-        self.emit_container_event(
-            &id,
-            &id,
-            k8s_cri::v1::ContainerEventType::ContainerDeletedEvent,
-        );
-        tracing::info!(sandbox = %id, "pod sandbox removed");
-        Ok(RemovePodSandboxResponse {})
+        self.remove_sandbox_dirs(&id)
     }
 }

@@ -15,6 +15,7 @@ use containerd_client::services::v1::Container;
 use k8s_cri::v1::{PodSandboxConfig, RunPodSandboxRequest, RunPodSandboxResponse};
 use tonic::Status;
 
+use super::sandbox::NETNS_NOTE;
 use super::sandbox::{
     KIND_LABEL, KIND_SANDBOX, internal, is_host_ipc, is_host_network, metadata_extension, new_id,
     pod_ref,
@@ -138,6 +139,10 @@ impl CriService {
             String::new()
         } else {
             let path = crate::netns::new_path();
+            // Noted before it exists, so a crash right after still finds it to remove.
+            let note = root_dir.join(NETNS_NOTE);
+            crate::fsutil::write_atomic(&note, path.display().to_string().as_bytes(), 0o600)
+                .map_err(|e| Status::internal(format!("writing {}: {e}", note.display())))?;
             crate::netns::create(&path).await.map_err(internal)?;
             let pinned = path.clone();
             undo.push("remove netns", async move {
@@ -236,6 +241,7 @@ impl CriService {
         crate::failpoint::hit("sandbox_after_start")
             .await
             .map_err(internal)?;
+        self.mark_sandbox_started(id)?;
         sandbox.update_status(|s| {
             s.state = SandboxState::Ready;
             s.pid = pid;

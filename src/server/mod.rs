@@ -139,6 +139,7 @@ impl CriService {
         crate::recovery::recover_images(&self.containerd, &self.images).await?;
         crate::recovery::recover_sandboxes(self).await?;
         crate::recovery::recover_containers(self).await?;
+        crate::recovery::clean_up_leftovers(self).await;
         if self.config.image.sandbox_image.is_empty()
             && let Err(e) = self.ensure_sandbox_image().await
         {

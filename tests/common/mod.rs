@@ -138,6 +138,35 @@ impl Crius {
     /// config, directory and containerd namespace.
     pub async fn restart(&mut self) {
         self.stop().await;
+        self.respawn().await;
+    }
+
+    /// Kills crius with SIGKILL, as a crash would (a no-op when it already died).
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts crius again (without the failpoints it may have been started with) after it
+    /// died or was killed.
+    pub async fn restart_after_crash(&mut self) {
+        self.kill().await;
+        self.respawn().await;
+    }
+
+    /// Like [`Crius::restart_after_crash`], with `env` (failpoints) for the new process.
+    pub async fn restart_after_crash_with(&mut self, env: &[(&str, &str)]) {
+        self.kill().await;
+        self.respawn_with(env).await;
+    }
+
+    async fn respawn(&mut self) {
+        self.respawn_with(&[]).await;
+    }
+
+    async fn respawn_with(&mut self, env: &[(&str, &str)]) {
         let log = std::fs::OpenOptions::new()
             .append(true)
             .open(&self.log_path)
@@ -145,6 +174,7 @@ impl Crius {
         let child = Command::new(env!("CARGO_BIN_EXE_crius"))
             .arg("--config")
             .arg(&self.config_path)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
