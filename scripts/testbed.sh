@@ -280,6 +280,7 @@ run_benches() {
   push_big_image
   eval "$(print_env)"
   cargo bench --bench pull
+  cargo bench --bench stats
 }
 
 case "${1:-}" in

@@ -20,6 +20,7 @@ pub mod oci;
 pub mod protos;
 pub mod recovery;
 pub mod server;
+pub mod stats;
 pub mod store;
 pub mod streaming;
 pub mod undo;

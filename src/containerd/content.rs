@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use containerd_client::services::v1::snapshots::{
     CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+    UsageRequest,
 };
 use containerd_client::services::v1::{
     AbortRequest, ApplyRequest, CreateImageRequest, DeleteContentRequest, DeleteImageRequest,
@@ -444,6 +445,35 @@ impl Containerd {
             .await
             .map_err(ContainerdError::rpc("commit snapshot"))?;
         Ok(())
+    }
+
+    /// Bytes and inodes a snapshot uses; `None` when it does not exist.
+    pub async fn snapshot_usage(
+        &self,
+        snapshotter: &str,
+        key: &str,
+    ) -> Result<Option<(u64, u64)>, ContainerdError> {
+        match self
+            .snapshots()
+            .usage(UsageRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+            })
+            .await
+        {
+            Ok(response) => {
+                let usage = response.into_inner();
+                Ok(Some((
+                    u64::try_from(usage.size).unwrap_or(0),
+                    u64::try_from(usage.inodes).unwrap_or(0),
+                )))
+            }
+            Err(status) if status.code() == Code::NotFound => Ok(None),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "snapshot usage",
+                status,
+            }),
+        }
     }
 
     pub async fn remove_snapshot(

@@ -229,6 +229,12 @@ impl CriService {
                     log_path,
                     stop_signal: image.config.config.stop_signal.clone(),
                     created_at: unix_nanos(SystemTime::now()),
+                    cgroups_path: spec
+                        .linux()
+                        .as_ref()
+                        .and_then(|l| l.cgroups_path().as_ref())
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
                 };
                 let mut labels = config.labels.clone();
                 labels.insert(KIND_LABEL.to_string(), KIND_CONTAINER.to_string());

@@ -20,11 +20,5 @@ macro_rules! not_built {
 }
 
 not_built! {
-    container_stats, "ContainerStats", ContainerStatsRequest, ContainerStatsResponse;
-    list_container_stats, "ListContainerStats", ListContainerStatsRequest, ListContainerStatsResponse;
-    pod_sandbox_stats, "PodSandboxStats", PodSandboxStatsRequest, PodSandboxStatsResponse;
-    list_pod_sandbox_stats, "ListPodSandboxStats", ListPodSandboxStatsRequest, ListPodSandboxStatsResponse;
     checkpoint_container, "CheckpointContainer", CheckpointContainerRequest, CheckpointContainerResponse;
-    list_metric_descriptors, "ListMetricDescriptors", ListMetricDescriptorsRequest, ListMetricDescriptorsResponse;
-    list_pod_sandbox_metrics, "ListPodSandboxMetrics", ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse;
 }

@@ -184,6 +184,16 @@ impl CriService {
             networks: Vec::new(),
             created_at: unix_nanos(SystemTime::now()),
             image: image.id.clone(),
+            cgroups_path: oci::cgroups_path(
+                config
+                    .linux
+                    .as_ref()
+                    .map(|l| l.cgroup_parent.as_str())
+                    .unwrap_or_default(),
+                id,
+                self.containerd.namespace(),
+                runtime.options.systemd_cgroup,
+            ),
         };
         self.create_sandbox_container(undo, &metadata, &image, &spec, runtime, &snapshotter)
             .await?;

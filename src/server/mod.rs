@@ -173,6 +173,17 @@ impl CriService {
         let service = self.clone();
         tasks.spawn(async move {
             service
+                .run_layer_usage_syncer(
+                    service.config.stats_collect_period,
+                    service.shutdown.clone(),
+                )
+                .await;
+            ("snapshot usage syncer", Ok(()))
+        });
+
+        let service = self.clone();
+        tasks.spawn(async move {
+            service
                 .image_fs
                 .run_syncer(
                     service.config.stats_collect_period,

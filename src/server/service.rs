@@ -63,6 +63,12 @@ pub struct ServiceState {
     pub pinned_images: std::collections::HashSet<String>,
     /// The pod CIDR kubelet last sent with UpdateRuntimeConfig.
     pub pod_cidr: std::sync::Mutex<String>,
+    /// Where cgroups are mounted; `None` when this host shows none.
+    pub cgroups: Option<crate::stats::CgroupLayout>,
+    /// The previous CPU sample of each container and pod, for CPU rates.
+    pub cpu_rates: crate::stats::CpuRates,
+    /// Writable-layer usage, measured every stats collect period.
+    pub layer_usages: crate::stats::LayerUsages,
     /// Container and sandbox lifecycle events for `GetContainerEvents`.
     pub container_events: tokio::sync::broadcast::Sender<k8s_cri::v1::ContainerEventResponse>,
     /// Exec/attach/port-forward requests waiting for their client.
@@ -140,6 +146,12 @@ impl CriService {
         );
         let oom_score_floor = oom_score_floor(config.restrict_oom_score_adj);
 
+        let cgroups = crate::stats::CgroupLayout::detect();
+        if cgroups.is_none() {
+            tracing::warn!(
+                "no cgroup hierarchy found in /proc/self/mountinfo: stats carry no CPU or memory"
+            );
+        }
         let stream_requests = Arc::new(crate::streaming::StreamRequests::new(
             config.stream.token_ttl,
         ));
@@ -160,6 +172,9 @@ impl CriService {
             pinned_images,
             pod_cidr: std::sync::Mutex::new(String::new()),
             stream_requests,
+            cgroups,
+            cpu_rates: Default::default(),
+            layer_usages: Default::default(),
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),

@@ -32,6 +32,9 @@ pub struct ContainerMetadata {
     pub stop_signal: String,
     /// Nanoseconds since the epoch.
     pub created_at: i64,
+    /// The cgroup path in its runtime spec, where its usage is read.
+    #[serde(default)]
+    pub cgroups_path: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,6 +267,7 @@ mod tests {
                 log_path: String::new(),
                 stop_signal: String::new(),
                 created_at: 1,
+                cgroups_path: String::new(),
             },
             ContainerStatus::created(1),
             path.clone(),

@@ -29,6 +29,9 @@ pub struct SandboxMetadata {
     pub created_at: i64,
     /// The image ID of the pause image.
     pub image: String,
+    /// The pause container's cgroup path in its runtime spec.
+    #[serde(default)]
+    pub cgroups_path: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,269 @@
+//! `ListMetricDescriptors` and `ListPodSandboxMetrics`: the CRI's own metrics, which kubelet
+//! can serve instead of cAdvisor's. The names and meanings are cAdvisor's for CPU, memory,
+//! the writable layer and network; values are whole units, as the CRI's integers allow.
+
+use k8s_cri::v1::{
+    ContainerMetrics, ContainerStats, ListMetricDescriptorsRequest, ListMetricDescriptorsResponse,
+    ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse, Metric, MetricDescriptor,
+    MetricType, PodSandboxMetrics, UInt64Value,
+};
+use tonic::Status;
+
+use crate::server::CriService;
+use crate::store::SandboxState;
+
+const CONTAINER_LABELS: [&str; 6] = ["container", "id", "image", "name", "namespace", "pod"];
+/// The pause container's name in cAdvisor's pod-level series.
+const POD_CONTAINER: &str = "POD";
+
+/// (name, help, type, per interface)
+const METRICS: [(&str, &str, MetricType, bool); 9] = [
+    (
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed in seconds.",
+        MetricType::Counter,
+        false,
+    ),
+    (
+        "container_memory_usage_bytes",
+        "Current memory usage in bytes, including all memory regardless of when it was accessed.",
+        MetricType::Gauge,
+        false,
+    ),
+    (
+        "container_memory_working_set_bytes",
+        "Current working set in bytes.",
+        MetricType::Gauge,
+        false,
+    ),
+    (
+        "container_memory_rss",
+        "Size of RSS in bytes.",
+        MetricType::Gauge,
+        false,
+    ),
+    (
+        "container_fs_usage_bytes",
+        "Number of bytes that are consumed by the container on this filesystem.",
+        MetricType::Gauge,
+        false,
+    ),
+    (
+        "container_network_receive_bytes_total",
+        "Cumulative count of bytes received.",
+        MetricType::Counter,
+        true,
+    ),
+    (
+        "container_network_transmit_bytes_total",
+        "Cumulative count of bytes transmitted.",
+        MetricType::Counter,
+        true,
+    ),
+    (
+        "container_network_receive_errors_total",
+        "Cumulative count of errors encountered while receiving.",
+        MetricType::Counter,
+        true,
+    ),
+    (
+        "container_network_transmit_errors_total",
+        "Cumulative count of errors encountered while transmitting.",
+        MetricType::Counter,
+        true,
+    ),
+];
+
+fn metric(name: &str, kind: MetricType, labels: &[String], timestamp: i64, value: u64) -> Metric {
+    Metric {
+        name: name.to_string(),
+        timestamp,
+        metric_type: kind as i32,
+        label_values: labels.to_vec(),
+        value: Some(UInt64Value { value }),
+    }
+}
+
+/// CPU, memory and writable-layer metrics of one container.
+fn container_metrics(stats: &ContainerStats, labels: &[String]) -> Vec<Metric> {
+    let mut metrics = Vec::new();
+    if let Some(cpu) = &stats.cpu
+        && let Some(total) = &cpu.usage_core_nano_seconds
+    {
+        metrics.push(metric(
+            METRICS[0].0,
+            METRICS[0].2,
+            labels,
+            cpu.timestamp,
+            total.value / 1_000_000_000,
+        ));
+    }
+    if let Some(memory) = &stats.memory {
+        for (index, field) in [
+            (1, &memory.usage_bytes),
+            (2, &memory.working_set_bytes),
+            (3, &memory.rss_bytes),
+        ] {
+            if let Some(v) = field {
+                metrics.push(metric(
+                    METRICS[index].0,
+                    METRICS[index].2,
+                    labels,
+                    memory.timestamp,
+                    v.value,
+                ));
+            }
+        }
+    }
+    if let Some(layer) = &stats.writable_layer
+        && let Some(used) = &layer.used_bytes
+    {
+        metrics.push(metric(
+            METRICS[4].0,
+            METRICS[4].2,
+            labels,
+            layer.timestamp,
+            used.value,
+        ));
+    }
+    metrics
+}
+
+impl CriService {
+    pub async fn list_metric_descriptors(
+        &self,
+        _req: ListMetricDescriptorsRequest,
+    ) -> Result<ListMetricDescriptorsResponse, Status> {
+        let descriptors = METRICS
+            .iter()
+            .map(|(name, help, _, per_interface)| {
+                let mut label_keys: Vec<String> =
+                    CONTAINER_LABELS.iter().map(|l| l.to_string()).collect();
+                if *per_interface {
+                    label_keys.push("interface".to_string());
+                }
+                MetricDescriptor {
+                    name: name.to_string(),
+                    help: help.to_string(),
+                    label_keys,
+                }
+            })
+            .collect();
+        Ok(ListMetricDescriptorsResponse { descriptors })
+    }
+
+    pub async fn list_pod_sandbox_metrics(
+        &self,
+        _req: ListPodSandboxMetricsRequest,
+    ) -> Result<ListPodSandboxMetricsResponse, Status> {
+        let mut pod_metrics = Vec::new();
+        for sandbox in self.sandboxes.list() {
+            if sandbox.status().state != SandboxState::Ready {
+                continue;
+            }
+            let metadata = sandbox.metadata();
+            let pod = metadata.config.metadata.clone().unwrap_or_default();
+            let stats = self.sample_pod(&sandbox).await;
+            let linux = stats.linux.unwrap_or_default();
+            let pod_labels = |interface: Option<&str>| {
+                let mut labels = vec![
+                    POD_CONTAINER.to_string(),
+                    metadata.id.clone(),
+                    metadata.image.clone(),
+                    metadata.name.clone(),
+                    pod.namespace.clone(),
+                    pod.name.clone(),
+                ];
+                labels.extend(interface.map(str::to_string));
+                labels
+            };
+            let mut metrics = Vec::new();
+            if let Some(network) = &linux.network {
+                for interface in &network.interfaces {
+                    let labels = pod_labels(Some(&interface.name));
+                    for (index, field) in [
+                        (5, &interface.rx_bytes),
+                        (6, &interface.tx_bytes),
+                        (7, &interface.rx_errors),
+                        (8, &interface.tx_errors),
+                    ] {
+                        if let Some(v) = field {
+                            metrics.push(metric(
+                                METRICS[index].0,
+                                METRICS[index].2,
+                                &labels,
+                                network.timestamp,
+                                v.value,
+                            ));
+                        }
+                    }
+                }
+            }
+            let container_metrics = linux
+                .containers
+                .iter()
+                .filter_map(|stats| {
+                    let id = stats.attributes.as_ref()?.id.clone();
+                    let container = self.containers.get(&id).ok().flatten()?;
+                    let labels = vec![
+                        container
+                            .metadata
+                            .config
+                            .metadata
+                            .as_ref()
+                            .map(|m| m.name.clone())
+                            .unwrap_or_default(),
+                        id.clone(),
+                        container.metadata.image_name.clone(),
+                        container.metadata.name.clone(),
+                        pod.namespace.clone(),
+                        pod.name.clone(),
+                    ];
+                    Some(ContainerMetrics {
+                        container_id: id,
+                        metrics: container_metrics(stats, &labels),
+                    })
+                })
+                .collect();
+            pod_metrics.push(PodSandboxMetrics {
+                pod_sandbox_id: metadata.id.clone(),
+                metrics,
+                container_metrics,
+            });
+        }
+        Ok(ListPodSandboxMetricsResponse { pod_metrics })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_cri::v1::{CpuUsage, MemoryUsage};
+
+    #[test]
+    fn container_metrics_carry_labels_and_whole_units() {
+        let stats = ContainerStats {
+            cpu: Some(CpuUsage {
+                timestamp: 7,
+                usage_core_nano_seconds: Some(UInt64Value {
+                    value: 3_500_000_000,
+                }),
+                usage_nano_cores: None,
+            }),
+            memory: Some(MemoryUsage {
+                timestamp: 7,
+                working_set_bytes: Some(UInt64Value { value: 42 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let labels: Vec<String> = CONTAINER_LABELS.iter().map(|l| format!("v-{l}")).collect();
+        let metrics = container_metrics(&stats, &labels);
+        assert_eq!(metrics.len(), 2);
+        assert_eq!(metrics[0].name, "container_cpu_usage_seconds_total");
+        assert_eq!(metrics[0].value, Some(UInt64Value { value: 3 }));
+        assert_eq!(metrics[0].metric_type, MetricType::Counter as i32);
+        assert_eq!(metrics[1].name, "container_memory_working_set_bytes");
+        assert_eq!(metrics[1].label_values, labels);
+    }
+}

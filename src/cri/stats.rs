@@ -1,0 +1,502 @@
+//! `ContainerStats`, `ListContainerStats`, `PodSandboxStats`, `ListPodSandboxStats`, and the
+//! writable-layer usage syncer behind them.
+//!
+//! CPU, memory and process counts are read from the cgroup files on a blocking thread, a
+//! few small reads per container; CPU rates come from the previous sample; writable-layer
+//! usage is what the syncer last measured, so stats never wait on the snapshotter. A pod's
+//! own cgroup (its cgroup parent) gives its totals; without one the pod's containers and
+//! pause container are added up. Network counters come from the pause process's netns.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_cri::v1::{
+    ContainerAttributes, ContainerStats, ContainerStatsRequest, ContainerStatsResponse, CpuUsage,
+    FilesystemIdentifier, FilesystemUsage, LinuxPodSandboxStats, ListContainerStatsRequest,
+    ListContainerStatsResponse, ListPodSandboxStatsRequest, ListPodSandboxStatsResponse,
+    MemoryUsage as CriMemoryUsage, NetworkInterfaceUsage, NetworkUsage, PodSandboxAttributes,
+    PodSandboxStats, PodSandboxStatsRequest, PodSandboxStatsResponse, ProcessUsage, SwapUsage,
+    UInt64Value,
+};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use super::sandbox_status::labels_match;
+use super::unix_nanos;
+use crate::server::CriService;
+use crate::stats::cgroup::parent_of;
+use crate::stats::netdev::{InterfaceCounters, read_interfaces};
+use crate::stats::{CgroupUsage, LayerUsage, MemoryUsage};
+use crate::store::{Container, ContainerState, Sandbox, SandboxState};
+
+/// The interface kubelet treats as the pod's own.
+const DEFAULT_INTERFACE: &str = "eth0";
+
+fn value(v: u64) -> Option<UInt64Value> {
+    Some(UInt64Value { value: v })
+}
+
+/// One container's usage as read: the CRI stats and the raw cgroup numbers.
+pub(crate) struct ContainerSample {
+    pub stats: ContainerStats,
+    pub usage: Option<CgroupUsage>,
+}
+
+impl CriService {
+    pub async fn container_stats(
+        &self,
+        req: ContainerStatsRequest,
+    ) -> Result<ContainerStatsResponse, Status> {
+        let container = self.require_container(&req.container_id)?;
+        let stats = self
+            .sample_containers(vec![container])
+            .await
+            .pop()
+            .map(|s| s.stats);
+        Ok(ContainerStatsResponse { stats })
+    }
+
+    pub async fn list_container_stats(
+        &self,
+        req: ListContainerStatsRequest,
+    ) -> Result<ListContainerStatsResponse, Status> {
+        let filter = req.filter.unwrap_or_default();
+        let wanted_id = match self.resolve_filter_id(&filter.id, |id| {
+            self.containers
+                .get(id)
+                .map(|c| c.map(|c| c.id().to_string()))
+        }) {
+            Some(id) => id,
+            None => return Ok(ListContainerStatsResponse { stats: Vec::new() }),
+        };
+        let wanted_sandbox = match self.resolve_filter_id(&filter.pod_sandbox_id, |id| {
+            self.sandboxes.get(id).map(|s| s.map(|s| s.id()))
+        }) {
+            Some(id) => id,
+            None => return Ok(ListContainerStatsResponse { stats: Vec::new() }),
+        };
+        let containers = self
+            .containers
+            .list()
+            .into_iter()
+            .filter(|c| wanted_id.as_ref().is_none_or(|id| c.id() == id))
+            .filter(|c| {
+                wanted_sandbox
+                    .as_ref()
+                    .is_none_or(|id| &c.metadata.sandbox_id == id)
+            })
+            .filter(|c| labels_match(&c.metadata.config.labels, &filter.label_selector))
+            .collect();
+        let stats = self
+            .sample_containers(containers)
+            .await
+            .into_iter()
+            .map(|s| s.stats)
+            .collect();
+        Ok(ListContainerStatsResponse { stats })
+    }
+
+    pub async fn pod_sandbox_stats(
+        &self,
+        req: PodSandboxStatsRequest,
+    ) -> Result<PodSandboxStatsResponse, Status> {
+        let sandbox = self
+            .find_sandbox(&req.pod_sandbox_id)?
+            .filter(|s| s.status().state != SandboxState::Creating)
+            .ok_or_else(|| {
+                Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
+            })?;
+        if sandbox.status().state != SandboxState::Ready {
+            return Err(Status::failed_precondition(format!(
+                "pod sandbox {} is not ready",
+                sandbox.id()
+            )));
+        }
+        Ok(PodSandboxStatsResponse {
+            stats: Some(self.sample_pod(&sandbox).await),
+        })
+    }
+
+    pub async fn list_pod_sandbox_stats(
+        &self,
+        req: ListPodSandboxStatsRequest,
+    ) -> Result<ListPodSandboxStatsResponse, Status> {
+        let filter = req.filter.unwrap_or_default();
+        let wanted_id = match self.resolve_filter_id(&filter.id, |id| {
+            self.sandboxes.get(id).map(|s| s.map(|s| s.id()))
+        }) {
+            Some(id) => id,
+            None => return Ok(ListPodSandboxStatsResponse { stats: Vec::new() }),
+        };
+        let mut stats = Vec::new();
+        for sandbox in self.sandboxes.list() {
+            let metadata = sandbox.metadata();
+            if sandbox.status().state != SandboxState::Ready
+                || wanted_id.as_ref().is_some_and(|id| id != &metadata.id)
+                || !labels_match(&metadata.config.labels, &filter.label_selector)
+            {
+                continue;
+            }
+            stats.push(self.sample_pod(&sandbox).await);
+        }
+        Ok(ListPodSandboxStatsResponse { stats })
+    }
+
+    /// A filter's ID (or prefix) as a full ID: `Some(None)` for no filter, `None` when it
+    /// matches nothing.
+    #[allow(clippy::type_complexity)]
+    fn resolve_filter_id<E>(
+        &self,
+        id: &str,
+        lookup: impl Fn(&str) -> Result<Option<String>, E>,
+    ) -> Option<Option<String>> {
+        if id.is_empty() {
+            return Some(None);
+        }
+        match lookup(id) {
+            Ok(Some(full)) => Some(Some(full)),
+            _ => None,
+        }
+    }
+
+    /// Reads the usage of `containers` (running ones from their cgroups) in one blocking
+    /// batch and turns it into CRI stats.
+    pub(crate) async fn sample_containers(
+        &self,
+        containers: Vec<Arc<Container>>,
+    ) -> Vec<ContainerSample> {
+        let paths: Vec<Option<String>> = containers
+            .iter()
+            .map(|c| {
+                (c.status().state == ContainerState::Running && !c.metadata.cgroups_path.is_empty())
+                    .then(|| c.metadata.cgroups_path.clone())
+            })
+            .collect();
+        let usages = self.read_cgroups(paths).await;
+        let now = unix_nanos(SystemTime::now());
+        containers
+            .iter()
+            .zip(usages)
+            .map(|(container, usage)| ContainerSample {
+                stats: self.container_stats_from(container, usage.as_ref(), now),
+                usage,
+            })
+            .collect()
+    }
+
+    /// Reads cgroups by spec path off the async threads.
+    async fn read_cgroups(&self, paths: Vec<Option<String>>) -> Vec<Option<CgroupUsage>> {
+        let Some(layout) = self.cgroups.clone() else {
+            return paths.iter().map(|_| None).collect();
+        };
+        let count = paths.len();
+        tokio::task::spawn_blocking(move || {
+            paths
+                .iter()
+                .map(|p| p.as_ref().map(|p| layout.read(p)))
+                .collect()
+        })
+        .await
+        .unwrap_or_else(|_| vec![None; count])
+    }
+
+    fn container_stats_from(
+        &self,
+        container: &Container,
+        usage: Option<&CgroupUsage>,
+        now: i64,
+    ) -> ContainerStats {
+        let metadata = &container.metadata;
+        let config = &metadata.config;
+        ContainerStats {
+            attributes: Some(ContainerAttributes {
+                id: metadata.id.clone(),
+                metadata: config.metadata.clone(),
+                labels: config.labels.clone(),
+                annotations: config.annotations.clone(),
+            }),
+            cpu: usage.and_then(|u| self.cpu_usage(&metadata.id, u, now)),
+            memory: usage
+                .and_then(|u| u.memory.as_ref())
+                .map(|m| memory_usage(m, now)),
+            writable_layer: self
+                .layer_usages
+                .get(&metadata.id)
+                .map(|layer| self.filesystem_usage(layer)),
+            swap: usage
+                .and_then(|u| u.memory.as_ref())
+                .and_then(|m| swap_usage(m, now)),
+        }
+    }
+
+    fn cpu_usage(&self, id: &str, usage: &CgroupUsage, now: i64) -> Option<CpuUsage> {
+        let total = usage.cpu_usage_ns?;
+        Some(CpuUsage {
+            timestamp: now,
+            usage_core_nano_seconds: value(total),
+            usage_nano_cores: self
+                .cpu_rates
+                .sample(id, now, total)
+                .map(|v| UInt64Value { value: v }),
+        })
+    }
+
+    fn filesystem_usage(&self, layer: LayerUsage) -> FilesystemUsage {
+        FilesystemUsage {
+            timestamp: layer.at_ns,
+            fs_id: Some(FilesystemIdentifier {
+                mountpoint: self.image_fs.path().display().to_string(),
+            }),
+            used_bytes: value(layer.bytes),
+            inodes_used: value(layer.inodes),
+        }
+    }
+
+    /// A ready pod's totals, network and containers.
+    pub(crate) async fn sample_pod(&self, sandbox: &Arc<Sandbox>) -> PodSandboxStats {
+        let metadata = sandbox.metadata();
+        let status = sandbox.status();
+        let containers = self
+            .sample_containers(self.containers.in_sandbox(&metadata.id))
+            .await;
+        let has_parent = metadata
+            .config
+            .linux
+            .as_ref()
+            .is_some_and(|l| !l.cgroup_parent.is_empty());
+        let pod_usage = if metadata.cgroups_path.is_empty() {
+            None
+        } else if has_parent {
+            let layout = self.cgroups.clone();
+            let pod_cgroup: PathBuf = parent_of(&metadata.cgroups_path);
+            tokio::task::spawn_blocking(move || layout.map(|l| l.read_path(&pod_cgroup)))
+                .await
+                .ok()
+                .flatten()
+        } else {
+            // No pod cgroup: the pause container plus every running container.
+            let pause = self
+                .read_cgroups(vec![Some(metadata.cgroups_path.clone())])
+                .await
+                .pop()
+                .flatten();
+            pause.map(|pause| {
+                containers
+                    .iter()
+                    .filter_map(|c| c.usage.as_ref())
+                    .fold(pause, |total, usage| add_usage(&total, usage))
+            })
+        };
+        let pid = status.pid;
+        let interfaces = if pid > 0 {
+            tokio::task::spawn_blocking(move || read_interfaces(pid).unwrap_or_default())
+                .await
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let now = unix_nanos(SystemTime::now());
+        PodSandboxStats {
+            attributes: Some(PodSandboxAttributes {
+                id: metadata.id.clone(),
+                metadata: metadata.config.metadata.clone(),
+                labels: metadata.config.labels.clone(),
+                annotations: metadata.config.annotations.clone(),
+            }),
+            linux: Some(LinuxPodSandboxStats {
+                cpu: pod_usage
+                    .as_ref()
+                    .and_then(|u| self.cpu_usage(&metadata.id, u, now)),
+                memory: pod_usage
+                    .as_ref()
+                    .and_then(|u| u.memory.as_ref())
+                    .map(|m| memory_usage(m, now)),
+                network: (!interfaces.is_empty()).then(|| network_usage(&interfaces, now)),
+                process: pod_usage
+                    .as_ref()
+                    .and_then(|u| u.pids)
+                    .map(|count| ProcessUsage {
+                        timestamp: now,
+                        process_count: value(count),
+                    }),
+                containers: containers.into_iter().map(|c| c.stats).collect(),
+            }),
+            windows: None,
+        }
+    }
+
+    /// Every stats collect period, measures each container's writable layer.
+    pub(crate) async fn run_layer_usage_syncer(&self, period: Duration, cancel: CancellationToken) {
+        loop {
+            self.sync_layer_usages().await;
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+        }
+    }
+
+    async fn sync_layer_usages(&self) {
+        let snapshotter = &self.config.containerd.snapshotter;
+        let containers = self.containers.list();
+        let live: HashSet<String> = containers
+            .iter()
+            .map(|c| c.id().to_string())
+            .chain(self.sandboxes.list().iter().map(|s| s.id()))
+            .collect();
+        for container in containers {
+            let id = container.id();
+            match self.containerd.snapshot_usage(snapshotter, id).await {
+                Ok(Some((bytes, inodes))) => self.layer_usages.set(
+                    id,
+                    LayerUsage {
+                        at_ns: unix_nanos(SystemTime::now()),
+                        bytes,
+                        inodes,
+                    },
+                ),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(container = id, error = %e, "writable layer usage unknown")
+                }
+            }
+        }
+        self.layer_usages.retain(&live);
+        self.cpu_rates.retain(&live);
+    }
+}
+
+fn memory_usage(memory: &MemoryUsage, now: i64) -> CriMemoryUsage {
+    CriMemoryUsage {
+        timestamp: now,
+        working_set_bytes: value(memory.working_set),
+        available_bytes: memory.limit.map(|limit| UInt64Value {
+            value: limit.saturating_sub(memory.working_set),
+        }),
+        usage_bytes: value(memory.usage),
+        rss_bytes: value(memory.rss),
+        page_faults: value(memory.page_faults),
+        major_page_faults: value(memory.major_page_faults),
+    }
+}
+
+fn swap_usage(memory: &MemoryUsage, now: i64) -> Option<SwapUsage> {
+    let used = memory.swap_usage?;
+    Some(SwapUsage {
+        timestamp: now,
+        swap_available_bytes: memory.swap_limit.map(|limit| UInt64Value {
+            value: limit.saturating_sub(used),
+        }),
+        swap_usage_bytes: value(used),
+    })
+}
+
+fn network_usage(interfaces: &[InterfaceCounters], now: i64) -> NetworkUsage {
+    let usage = |i: &InterfaceCounters| NetworkInterfaceUsage {
+        name: i.name.clone(),
+        rx_bytes: value(i.rx_bytes),
+        rx_errors: value(i.rx_errors),
+        tx_bytes: value(i.tx_bytes),
+        tx_errors: value(i.tx_errors),
+    };
+    NetworkUsage {
+        timestamp: now,
+        default_interface: interfaces
+            .iter()
+            .find(|i| i.name == DEFAULT_INTERFACE)
+            .or_else(|| interfaces.first())
+            .map(usage),
+        interfaces: interfaces.iter().map(usage).collect(),
+    }
+}
+
+/// Two cgroups' usage added up (for pods without a cgroup of their own).
+fn add_usage(a: &CgroupUsage, b: &CgroupUsage) -> CgroupUsage {
+    let sum = |x: Option<u64>, y: Option<u64>| match (x, y) {
+        (None, None) => None,
+        (x, y) => Some(x.unwrap_or(0) + y.unwrap_or(0)),
+    };
+    let memory = match (&a.memory, &b.memory) {
+        (Some(x), Some(y)) => Some(MemoryUsage {
+            usage: x.usage + y.usage,
+            limit: None,
+            working_set: x.working_set + y.working_set,
+            rss: x.rss + y.rss,
+            page_faults: x.page_faults + y.page_faults,
+            major_page_faults: x.major_page_faults + y.major_page_faults,
+            swap_usage: sum(x.swap_usage, y.swap_usage),
+            swap_limit: None,
+        }),
+        (x, y) => x.clone().or_else(|| y.clone()),
+    };
+    CgroupUsage {
+        cpu_usage_ns: sum(a.cpu_usage_ns, b.cpu_usage_ns),
+        memory,
+        pids: sum(a.pids, b.pids),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn available_memory_is_the_limit_minus_the_working_set() {
+        let memory = MemoryUsage {
+            usage: 100,
+            limit: Some(1000),
+            working_set: 80,
+            ..Default::default()
+        };
+        let usage = memory_usage(&memory, 5);
+        assert_eq!(usage.available_bytes, value(920));
+        assert_eq!(usage.working_set_bytes, value(80));
+        let unlimited = MemoryUsage {
+            limit: None,
+            ..memory
+        };
+        assert_eq!(memory_usage(&unlimited, 5).available_bytes, None);
+    }
+
+    #[test]
+    fn pods_without_a_cgroup_add_up_their_containers() {
+        let a = CgroupUsage {
+            cpu_usage_ns: Some(10),
+            memory: Some(MemoryUsage {
+                usage: 1,
+                working_set: 1,
+                ..Default::default()
+            }),
+            pids: Some(1),
+        };
+        let b = CgroupUsage {
+            cpu_usage_ns: Some(5),
+            memory: None,
+            pids: Some(2),
+        };
+        let total = add_usage(&a, &b);
+        assert_eq!(total.cpu_usage_ns, Some(15));
+        assert_eq!(total.pids, Some(3));
+        assert_eq!(total.memory.map(|m| m.usage), Some(1));
+    }
+
+    #[test]
+    fn the_default_interface_is_eth0() {
+        let interfaces = vec![
+            InterfaceCounters {
+                name: "net1".into(),
+                ..Default::default()
+            },
+            InterfaceCounters {
+                name: "eth0".into(),
+                rx_bytes: 9,
+                ..Default::default()
+            },
+        ];
+        let usage = network_usage(&interfaces, 1);
+        assert_eq!(usage.default_interface.unwrap().rx_bytes, value(9));
+        assert_eq!(usage.interfaces.len(), 2);
+    }
+}

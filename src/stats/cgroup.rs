@@ -1,0 +1,389 @@
+//! Reading CPU, memory and process counts straight from a cgroup's files, v1 or v2.
+//!
+//! Reading the files is a handful of small reads per container, much cheaper than asking
+//! every shim through containerd, so stats of many containers answer fast. The layout is
+//! found once from `/proc/self/mountinfo`; a container's cgroup path comes from its runtime
+//! spec (`/parent/id` for cgroupfs, `slice:prefix:name` for systemd).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Where the cgroup hierarchies are mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupLayout {
+    /// The unified hierarchy: one mount, path relative to its root.
+    V2 { mount: PathBuf, root: PathBuf },
+    /// One mount per controller (`cpuacct`, `memory`, `pids`): (mount point, its root).
+    V1 {
+        controllers: HashMap<String, (PathBuf, PathBuf)>,
+    },
+}
+
+/// What a cgroup has used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupUsage {
+    /// Cumulative CPU time in nanoseconds.
+    pub cpu_usage_ns: Option<u64>,
+    pub memory: Option<MemoryUsage>,
+    /// Processes (tasks) in the cgroup.
+    pub pids: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    pub usage: u64,
+    /// `None` when unlimited.
+    pub limit: Option<u64>,
+    /// Usage minus inactive file pages, as kubelet evicts by.
+    pub working_set: u64,
+    pub rss: u64,
+    pub page_faults: u64,
+    pub major_page_faults: u64,
+    pub swap_usage: Option<u64>,
+    pub swap_limit: Option<u64>,
+}
+
+/// Limits at or above this are "unlimited" (v1 reports a page-rounded i64::MAX).
+const UNLIMITED: u64 = 1 << 62;
+
+impl CgroupLayout {
+    /// The layout of this host, from `/proc/self/mountinfo`.
+    pub fn detect() -> Option<Self> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Self::from_mountinfo(&mountinfo)
+    }
+
+    /// Parses mountinfo: v1 controllers win over a unified mount without them (hybrid).
+    pub fn from_mountinfo(mountinfo: &str) -> Option<Self> {
+        let mut controllers = HashMap::new();
+        let mut unified = None;
+        for line in mountinfo.lines() {
+            let Some((before, after)) = line.split_once(" - ") else {
+                continue;
+            };
+            let fields: Vec<&str> = before.split(' ').collect();
+            let rest: Vec<&str> = after.split(' ').collect();
+            if fields.len() < 5 || rest.len() < 3 {
+                continue;
+            }
+            let (root, mount) = (PathBuf::from(fields[3]), PathBuf::from(fields[4]));
+            match rest[0] {
+                "cgroup2" => {
+                    unified.get_or_insert((mount, root));
+                }
+                "cgroup" => {
+                    for option in rest[2].split(',') {
+                        if matches!(option, "cpuacct" | "memory" | "pids") {
+                            controllers
+                                .entry(option.to_string())
+                                .or_insert((mount.clone(), root.clone()));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !controllers.is_empty() {
+            Some(Self::V1 { controllers })
+        } else {
+            unified.map(|(mount, root)| Self::V2 { mount, root })
+        }
+    }
+
+    /// Reads what the cgroup at `cgroup_path` (as in a runtime spec) has used.
+    pub fn read(&self, cgroup_path: &str) -> CgroupUsage {
+        self.read_path(&resolve_spec_path(cgroup_path))
+    }
+
+    /// Reads what the cgroup at `relative` (from the hierarchy root) has used.
+    pub fn read_path(&self, relative: &Path) -> CgroupUsage {
+        let relative = relative.to_path_buf();
+        match self {
+            Self::V2 { mount, root } => match under(mount, root, &relative) {
+                Some(dir) => read_v2(&dir),
+                None => CgroupUsage::default(),
+            },
+            Self::V1 { controllers } => {
+                let dir = |controller: &str| {
+                    controllers
+                        .get(controller)
+                        .and_then(|(mount, root)| under(mount, root, &relative))
+                };
+                CgroupUsage {
+                    cpu_usage_ns: dir("cpuacct").and_then(|d| read_u64(&d.join("cpuacct.usage"))),
+                    memory: dir("memory").and_then(|d| read_v1_memory(&d)),
+                    pids: dir("pids").and_then(|d| read_u64(&d.join("pids.current"))),
+                }
+            }
+        }
+    }
+}
+
+/// The directory of `relative` (an absolute cgroup path) under a mount whose root is `root`.
+fn under(mount: &Path, root: &Path, relative: &Path) -> Option<PathBuf> {
+    let inside = relative.strip_prefix(root).ok()?;
+    Some(mount.join(inside))
+}
+
+/// A runtime spec's cgroupsPath as a path from the hierarchy root: `/a/b` as it is,
+/// systemd's `slice:prefix:name` as `/<expanded slice>/<prefix>-<name>.scope`.
+pub fn resolve_spec_path(spec_path: &str) -> PathBuf {
+    let parts: Vec<&str> = spec_path.split(':').collect();
+    if parts.len() == 3 && !spec_path.starts_with('/') {
+        let (slice, prefix, name) = (parts[0], parts[1], parts[2]);
+        let scope = if prefix.is_empty() {
+            format!("{name}.scope")
+        } else {
+            format!("{prefix}-{name}.scope")
+        };
+        return expand_slice(slice).join(scope);
+    }
+    let path = Path::new(spec_path);
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        Path::new("/").join(path)
+    }
+}
+
+/// The cgroup a spec path's cgroup sits in: the pod's cgroup for a container or sandbox
+/// placed under a cgroup parent.
+pub fn parent_of(spec_path: &str) -> PathBuf {
+    let parts: Vec<&str> = spec_path.split(':').collect();
+    if parts.len() == 3 && !spec_path.starts_with('/') {
+        return expand_slice(parts[0]);
+    }
+    resolve_spec_path(spec_path)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// `a-b-c.slice` lives at `/a.slice/a-b.slice/a-b-c.slice`; `-.slice` is the root.
+fn expand_slice(slice: &str) -> PathBuf {
+    let mut path = PathBuf::from("/");
+    let Some(name) = slice.strip_suffix(".slice") else {
+        return path.join(slice);
+    };
+    if name.is_empty() || name == "-" {
+        return path;
+    }
+    let mut prefix = String::new();
+    for part in name.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push(format!("{prefix}.slice"));
+    }
+    path
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A `max`-or-number file (v2).
+fn read_limit(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let text = text.trim();
+    if text == "max" {
+        return None;
+    }
+    text.parse().ok().filter(|v| *v < UNLIMITED)
+}
+
+/// `key value` lines.
+fn read_flat_keyed(path: &Path) -> HashMap<String, u64> {
+    std::fs::read_to_string(path)
+        .map(|text| {
+            text.lines()
+                .filter_map(|line| {
+                    let (key, value) = line.split_once(' ')?;
+                    Some((key.to_string(), value.trim().parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn read_v1_memory(dir: &Path) -> Option<MemoryUsage> {
+    let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
+    let stat = read_flat_keyed(&dir.join("memory.stat"));
+    let get = |key: &str| stat.get(key).copied().unwrap_or(0);
+    let limit = read_u64(&dir.join("memory.limit_in_bytes")).filter(|l| *l < UNLIMITED);
+    // memsw counts memory plus swap; the files exist only with swap accounting.
+    let memsw = read_u64(&dir.join("memory.memsw.usage_in_bytes"));
+    let memsw_limit = read_u64(&dir.join("memory.memsw.limit_in_bytes")).filter(|l| *l < UNLIMITED);
+    Some(MemoryUsage {
+        usage,
+        limit,
+        working_set: usage.saturating_sub(get("total_inactive_file")),
+        rss: get("total_rss"),
+        page_faults: get("total_pgfault"),
+        major_page_faults: get("total_pgmajfault"),
+        swap_usage: memsw.map(|m| m.saturating_sub(usage)),
+        swap_limit: memsw_limit.map(|m| m.saturating_sub(limit.unwrap_or(0))),
+    })
+}
+
+fn read_v2(dir: &Path) -> CgroupUsage {
+    let cpu = read_flat_keyed(&dir.join("cpu.stat"));
+    let memory = read_u64(&dir.join("memory.current")).map(|usage| {
+        let stat = read_flat_keyed(&dir.join("memory.stat"));
+        let get = |key: &str| stat.get(key).copied().unwrap_or(0);
+        MemoryUsage {
+            usage,
+            limit: read_limit(&dir.join("memory.max")),
+            working_set: usage.saturating_sub(get("inactive_file")),
+            rss: get("anon"),
+            page_faults: get("pgfault"),
+            major_page_faults: get("pgmajfault"),
+            swap_usage: read_u64(&dir.join("memory.swap.current")),
+            swap_limit: read_limit(&dir.join("memory.swap.max")),
+        }
+    });
+    CgroupUsage {
+        cpu_usage_ns: cpu.get("usage_usec").map(|usec| usec * 1000),
+        memory,
+        pids: read_u64(&dir.join("pids.current")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn hybrid_hosts_use_the_v1_controllers() {
+        let layout = CgroupLayout::from_mountinfo(HYBRID).unwrap();
+        let CgroupLayout::V1 { controllers } = layout else {
+            panic!("v1 expected")
+        };
+        assert_eq!(
+            controllers["cpuacct"].0,
+            PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+        );
+        assert_eq!(
+            controllers["memory"].0,
+            PathBuf::from("/sys/fs/cgroup/memory")
+        );
+    }
+
+    #[test]
+    fn a_unified_host_uses_v2() {
+        let info = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            CgroupLayout::from_mountinfo(info),
+            Some(CgroupLayout::V2 {
+                mount: "/sys/fs/cgroup".into(),
+                root: "/".into()
+            })
+        );
+    }
+
+    #[test]
+    fn systemd_paths_expand_their_slices() {
+        assert_eq!(
+            resolve_spec_path("kubepods-burstable-pod12.slice:cri-containerd:abc"),
+            PathBuf::from(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12.slice/cri-containerd-abc.scope"
+            )
+        );
+        assert_eq!(
+            resolve_spec_path("/k8s.io/abc"),
+            PathBuf::from("/k8s.io/abc")
+        );
+        assert_eq!(
+            resolve_spec_path("-.slice:p:x"),
+            PathBuf::from("/p-x.scope")
+        );
+        assert_eq!(
+            parent_of("kubepods-pod1.slice:cri-containerd:abc"),
+            PathBuf::from("/kubepods.slice/kubepods-pod1.slice")
+        );
+        assert_eq!(
+            parent_of("/kubepods/pod1/abc"),
+            PathBuf::from("/kubepods/pod1")
+        );
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    #[test]
+    fn reads_v1_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut controllers = HashMap::new();
+        for c in ["cpuacct", "memory", "pids"] {
+            let dir = tmp.path().join(c).join("k8s.io/abc");
+            std::fs::create_dir_all(&dir).unwrap();
+            controllers.insert(c.to_string(), (tmp.path().join(c), PathBuf::from("/")));
+        }
+        let cg = |c: &str| tmp.path().join(c).join("k8s.io/abc");
+        write(&cg("cpuacct"), "cpuacct.usage", "123456789\n");
+        write(&cg("memory"), "memory.usage_in_bytes", "10000\n");
+        write(
+            &cg("memory"),
+            "memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(
+            &cg("memory"),
+            "memory.stat",
+            "cache 5\ntotal_inactive_file 3000\ntotal_rss 6000\ntotal_pgfault 7\ntotal_pgmajfault 1\n",
+        );
+        write(&cg("pids"), "pids.current", "4\n");
+        let usage = CgroupLayout::V1 { controllers }.read("/k8s.io/abc");
+        assert_eq!(usage.cpu_usage_ns, Some(123_456_789));
+        assert_eq!(usage.pids, Some(4));
+        let memory = usage.memory.unwrap();
+        assert_eq!(memory.working_set, 7000);
+        assert_eq!(memory.rss, 6000);
+        assert_eq!(memory.limit, None, "v1's unlimited is no limit");
+        assert_eq!((memory.page_faults, memory.major_page_faults), (7, 1));
+        assert_eq!(memory.swap_usage, None);
+    }
+
+    #[test]
+    fn reads_v2_files_below_a_mount_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("pod/c1");
+        std::fs::create_dir_all(&dir).unwrap();
+        write(&dir, "cpu.stat", "usage_usec 2500\nuser_usec 2000\n");
+        write(&dir, "memory.current", "8192\n");
+        write(&dir, "memory.max", "max\n");
+        write(
+            &dir,
+            "memory.stat",
+            "anon 4096\ninactive_file 1024\npgfault 3\npgmajfault 0\n",
+        );
+        write(&dir, "memory.swap.current", "0\n");
+        write(&dir, "pids.current", "2\n");
+        // The mount shows the hierarchy from /kubepods down, as inside a cgroup namespace.
+        let layout = CgroupLayout::V2 {
+            mount: tmp.path().to_path_buf(),
+            root: "/kubepods".into(),
+        };
+        let usage = layout.read("/kubepods/pod/c1");
+        assert_eq!(usage.cpu_usage_ns, Some(2_500_000));
+        let memory = usage.memory.unwrap();
+        assert_eq!(
+            (memory.usage, memory.working_set, memory.rss),
+            (8192, 7168, 4096)
+        );
+        assert_eq!(memory.limit, None);
+        assert_eq!(memory.swap_usage, Some(0));
+        assert_eq!(usage.pids, Some(2));
+        assert_eq!(layout.read("/elsewhere/x"), CgroupUsage::default());
+    }
+}
