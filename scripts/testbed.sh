@@ -227,12 +227,22 @@ stop_pidfile() {
   rm -f "$pidfile"
 }
 
+# Kills the shims matching $1 and, first, the containers they parent: without their shim
+# those would run on, reparented to init.
+kill_shims() {
+  local shim
+  for shim in $(pgrep -f "$1"); do
+    pkill -9 -P "$shim" 2>/dev/null || true
+    kill -9 "$shim" 2>/dev/null || true
+  done
+}
+
 down() {
   # Shims the tests left behind belong to this containerd: they name its socket.
-  pkill -9 -f "containerd-shim.*-address $CTRD_SOCK" 2>/dev/null || true
+  kill_shims "containerd-shim.*-address $CTRD_SOCK"
   # Tests that restart containerd run their own under $TB/private.
   pkill -9 -f "containerd --config $TB/private/" 2>/dev/null || true
-  pkill -9 -f "containerd-shim.*-address $TB/private/" 2>/dev/null || true
+  kill_shims "containerd-shim.*-address $TB/private/"
   stop_pidfile "$CTRD_DIR/pid"
   stop_pidfile "$TB/registry/pid"
   stop_pidfile "$TB/auth-registry/pid"

@@ -297,6 +297,36 @@ impl Drop for Crius {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.release_host_resources();
+    }
+}
+
+impl Crius {
+    /// Pods a test leaves behind keep their netns and `/dev/shm` mounted on the host after
+    /// the test containerd is gone: release them with the test's directory.
+    fn release_host_resources(&self) {
+        let sandboxes = self.config.root.join("sandboxes");
+        for entry in std::fs::read_dir(&sandboxes)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(netns) = std::fs::read_to_string(entry.path().join("netns")) {
+                let netns = netns.trim();
+                let _ = nix::mount::umount2(netns, nix::mount::MntFlags::MNT_DETACH);
+                let _ = std::fs::remove_file(netns);
+            }
+        }
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<&str> = mountinfo
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .filter(|point| Path::new(point).starts_with(self.dir.path()))
+            .collect();
+        mounts.sort_by_key(|point| std::cmp::Reverse(point.len()));
+        for point in mounts {
+            let _ = nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH);
+        }
     }
 }
 
@@ -553,13 +583,10 @@ impl Drop for PrivateContainerd {
     fn drop(&mut self) {
         self.kill();
         // Its shims name its socket; nothing else may be left running.
-        let _ = Command::new("pkill")
-            .args([
-                "-9",
-                "-f",
-                &format!("containerd-shim.*-address {}", self.address.display()),
-            ])
-            .status();
+        kill_shims_and_containers(&format!(
+            "containerd-shim.*-address {}",
+            self.address.display()
+        ));
         let _ = Command::new("sh")
             .arg("-c")
             .arg(format!(
@@ -568,5 +595,17 @@ impl Drop for PrivateContainerd {
             ))
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Kills the shims whose command line matches `pattern` and, first, the container processes
+/// they parent: without their shim those would run on, reparented to init.
+fn kill_shims_and_containers(pattern: &str) {
+    let Ok(out) = Command::new("pgrep").args(["-f", pattern]).output() else {
+        return;
+    };
+    for shim in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        let _ = Command::new("pkill").args(["-9", "-P", shim]).status();
+        let _ = Command::new("kill").args(["-9", shim]).status();
     }
 }
