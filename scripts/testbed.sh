@@ -9,6 +9,7 @@
 #   scripts/testbed.sh env      print the environment the integration tests read
 #   scripts/testbed.sh test     all of the above around fmt, clippy and every test
 #   scripts/testbed.sh bench    the benchmarks against the test bed
+#   scripts/testbed.sh cri-containerd   (after up) containerd with its own CRI, for comparing
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +20,8 @@ AUTH_USER=crius
 AUTH_PASSWORD=s3cret
 CTRD_DIR=$TB/containerd
 CTRD_SOCK=$CTRD_DIR/containerd.sock
+CRI_CTRD_DIR=$TB/cri-containerd
+CRI_CTRD_SOCK=$CRI_CTRD_DIR/containerd.sock
 LAYOUT=$TB/images/oci
 
 PACKAGES=(
@@ -189,6 +192,64 @@ push_big_image() {
   log "pushed $REGISTRY_ADDR/bench/big:latest"
 }
 
+# crius's pause program as a registry image, so that crius and containerd's built-in CRI
+# run the same sandbox in the lifecycle benchmark.
+push_pause_image() {
+  local tag=pause:bench bundle=$TB/images/bundle-pause
+  [ -d "$LAYOUT" ] || umoci init --layout "$LAYOUT"
+  umoci new --image "$LAYOUT:$tag"
+  umoci unpack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  cc -static -Os -s -o "$bundle/rootfs/pause" "$ROOT/pause/pause.c"
+  umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  umoci config --image "$LAYOUT:$tag" --os linux --architecture amd64 --config.entrypoint /pause
+  skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/bench/pause:1"
+  rm -rf "$bundle"
+  log "pushed $REGISTRY_ADDR/bench/pause:1"
+}
+
+# containerd with its built-in CRI plugin, for the lifecycle benchmark to compare against:
+# own root, state and socket, its own bridge network, the test registry over plain HTTP.
+cri_containerd_up() {
+  local dir=$CRI_CTRD_DIR
+  mkdir -p "$dir/net.d" "$dir/certs.d/$REGISTRY_ADDR"
+  cat >"$dir/net.d/10-bench.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "cri-bench",
+ "plugins": [{"type": "bridge", "bridge": "cribench0", "isGateway": true, "ipMasq": true,
+              "ipam": {"type": "host-local", "dataDir": "$dir/ipam",
+                       "ranges": [[{"subnet": "10.151.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+             {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
+  cat >"$dir/certs.d/$REGISTRY_ADDR/hosts.toml" <<TOML
+server = "http://$REGISTRY_ADDR"
+
+[host."http://$REGISTRY_ADDR"]
+  capabilities = ["pull", "resolve"]
+TOML
+  cat >"$dir/config.toml" <<TOML
+version = 2
+root = "$dir/root"
+state = "$dir/state"
+[grpc]
+  address = "$CRI_CTRD_SOCK"
+[ttrpc]
+  address = "$CRI_CTRD_SOCK.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$REGISTRY_ADDR/bench/pause:1"
+  # As crius's "auto": where the OOM score may not be lowered (no CAP_SYS_RESOURCE, as in
+  # a container), keep the pause container's at containerd's own.
+  restrict_oom_score_adj = $(if capsh --has-p=cap_sys_resource 2>/dev/null; then echo false; else echo true; fi)
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$dir/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$dir/certs.d"
+TOML
+  containerd --config "$dir/config.toml" >"$dir/log" 2>&1 &
+  echo $! >"$dir/pid"
+  wait_for "containerd with CRI at $CRI_CTRD_SOCK" 200 ctr --address "$CRI_CTRD_SOCK" --connect-timeout 1s version
+  log "containerd with its CRI plugin at $CRI_CTRD_SOCK"
+}
+
 images_up() {
   rm -rf "$TB/images"
   mkdir -p "$TB/images"
@@ -240,6 +301,9 @@ kill_shims() {
 down() {
   # Shims the tests left behind belong to this containerd: they name its socket.
   kill_shims "containerd-shim.*-address $CTRD_SOCK"
+  kill_shims "containerd-shim.*-address $CRI_CTRD_SOCK"
+  stop_pidfile "$CRI_CTRD_DIR/pid"
+  ip link del cribench0 2>/dev/null || true
   # Tests that restart containerd run their own under $TB/private.
   pkill -9 -f "containerd --config $TB/private/" 2>/dev/null || true
   kill_shims "containerd-shim.*-address $TB/private/"
@@ -251,7 +315,7 @@ down() {
   for m in $(awk -v tb="$TB/" 'index($2, tb) == 1 {print $2}' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
-  rm -rf "$CTRD_DIR" "$TB/registry" "$TB/auth-registry" "$TB/private"
+  rm -rf "$CTRD_DIR" "$CRI_CTRD_DIR" "$TB/registry" "$TB/auth-registry" "$TB/private"
   log "stopped"
 }
 
@@ -288,9 +352,14 @@ run_benches() {
   trap down EXIT
   up
   push_big_image
+  push_pause_image
+  cri_containerd_up
   eval "$(print_env)"
+  export CRIUS_BENCH_CRI_CONTAINERD=$CRI_CTRD_SOCK CRIUS_BENCH_CONTAINERD_PID=$CTRD_DIR/pid
+  export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
   cargo bench --bench pull
   cargo bench --bench stats
+  cargo bench --bench lifecycle
 }
 
 case "${1:-}" in
@@ -301,5 +370,6 @@ case "${1:-}" in
   test) run_tests ;;
   bench) run_benches ;;
   big-image) push_big_image ;;
-  *) echo "usage: $0 deps|up|down|env|test|bench|big-image" >&2; exit 2 ;;
+  cri-containerd) push_pause_image; cri_containerd_up ;;
+  *) echo "usage: $0 deps|up|down|env|test|bench|big-image|cri-containerd" >&2; exit 2 ;;
 esac

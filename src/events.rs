@@ -20,6 +20,9 @@ use crate::image::load::sync_record;
 use crate::store::ImageStore;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often, and how far apart, tasks that could not be re-checked are tried again.
+const RESYNC_RETRIES: u32 = 30;
+const RESYNC_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A task process that exited.
 #[derive(Debug, Clone)]
@@ -38,8 +41,9 @@ pub trait TaskExitHandler: Send + Sync {
     async fn task_exited(&self, event: TaskExitEvent);
     /// containerd saw the OOM killer hit a task of the container.
     async fn task_oom(&self, container_id: &str);
-    /// Called after a gap in the event stream: re-check every task.
-    async fn resync_tasks(&self);
+    /// Called after a gap in the event stream: re-check every task. Returns how many
+    /// could not be asked about (containerd may still be settling after a restart).
+    async fn resync_tasks(&self) -> usize;
     /// The event stream broke (`false`) or stands again (`true`).
     fn containerd_reachable(&self, _reachable: bool) {}
 }
@@ -99,7 +103,10 @@ impl EventMonitor {
             if !first {
                 tracing::info!("resubscribed to containerd events; re-syncing images and tasks");
                 self.resync_images().await;
-                self.exits.resync_tasks().await;
+                let unchecked = self.exits.resync_tasks().await;
+                if unchecked > 0 {
+                    self.retry_resync(unchecked, cancel.clone());
+                }
             }
             first = false;
             loop {
@@ -122,6 +129,33 @@ impl EventMonitor {
                 }
             }
         }
+    }
+
+    /// Re-checks the tasks again, a second apart, until every one could be asked about:
+    /// an exit missed in the gap must not leave a container RUNNING for good.
+    fn retry_resync(&self, mut unchecked: usize, cancel: CancellationToken) {
+        let exits = self.exits.clone();
+        tokio::spawn(async move {
+            for attempt in 1..=RESYNC_RETRIES {
+                tracing::info!(
+                    unchecked,
+                    attempt,
+                    "re-checking tasks that could not be asked about"
+                );
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(RESYNC_RETRY_INTERVAL) => {}
+                }
+                unchecked = exits.resync_tasks().await;
+                if unchecked == 0 {
+                    return;
+                }
+            }
+            tracing::warn!(
+                unchecked,
+                "gave up re-checking tasks after a containerd gap"
+            );
+        });
     }
 
     async fn handle(&self, envelope: Envelope) {

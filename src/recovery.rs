@@ -3,7 +3,7 @@
 //!
 //! Each item loads with its own timeout and concurrently with the others, so one broken
 //! or hung item cannot block start-up. A sandbox whose RunPodSandbox never finished is
-//! completed when its pause task runs and undone otherwise; a container whose
+//! completed when its pause task runs and its network is recorded, and undone otherwise; a container whose
 //! CreateContainer never persisted its status is undone; crius's leases, directories with
 //! no containerd container behind them and the netns they name are removed.
 
@@ -89,7 +89,9 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
         };
         if !service.sandbox_was_started(&metadata.id) {
             let running = matches!(&task, Ok(Ok(Some(t))) if t.status == ProcessStatus::Running);
-            if !running {
+            // The network is recorded once CNI ADD and the pause task both succeeded.
+            let networked = metadata.netns_path.is_empty() || !metadata.networks.is_empty();
+            if !running || !networked {
                 discard_sandbox(service, metadata).await;
                 continue;
             }

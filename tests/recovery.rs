@@ -243,7 +243,12 @@ async fn crius_rides_out_a_containerd_restart() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let exited = exited.expect("the exit during the gap was noticed");
+    let exited = exited.unwrap_or_else(|| {
+        panic!(
+            "the exit during the gap was not noticed; crius log:\n{}",
+            crius.log()
+        )
+    });
     assert_eq!(exited.exit_code, 42);
     assert!(exited.finished_at > exited.started_at);
     for (pod, id) in pods.iter_mut().skip(1).zip(&sleepers) {

@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -385,6 +386,49 @@ async fn a_runtime_that_cannot_start_the_task_leaves_nothing_behind() {
     assert!(err.message().contains("sandbox task"), "{}", err.message());
     assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
     assert_no_trace(&crius, "", "", &network);
+}
+
+#[tokio::test]
+async fn a_failing_cni_plugin_takes_the_pause_task_down_with_it() {
+    // CNI ADD runs while the pause task starts: its failure must undo the task too.
+    let mut network = None;
+    let crius = Crius::start_with(
+        |c| {
+            let installed = TestNetwork::install(c, 98);
+            // After bridge (which takes an IP), a plugin that refuses ADD and accepts DEL.
+            let bin = c.root.parent().expect("test dir").join("cni-bin");
+            std::fs::create_dir_all(&bin).expect("create plugin dir");
+            let plugin = bin.join("crius-refuses-add");
+            std::fs::write(
+                &plugin,
+                "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then\n  \
+                 echo '{\"cniVersion\": \"1.0.0\", \"code\": 999, \"msg\": \"refusing ADD\"}'\n  \
+                 exit 1\nfi\n",
+            )
+            .expect("write plugin");
+            std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))
+                .expect("make plugin executable");
+            c.cni.bin_dirs.insert(0, bin);
+            let broken = installed
+                .conflist()
+                .replace(r#""type": "portmap""#, r#""type": "crius-refuses-add""#);
+            std::fs::write(c.cni.conf_dir.join("10-test.conflist"), broken)
+                .expect("write conflist");
+            network = Some(installed);
+        },
+        &[],
+    )
+    .await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let err = run(&mut client, pod_config("cni-fails")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Internal);
+    assert!(err.message().contains("refusing ADD"), "{}", err.message());
+    assert_no_trace(&crius, "", "", &network);
+    assert!(
+        !crius.log().contains("pod sandbox running"),
+        "the sandbox was reported running"
+    );
 }
 
 #[tokio::test]

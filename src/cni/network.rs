@@ -170,6 +170,14 @@ impl CniNetwork {
                     });
                 }
                 Err(e) => {
+                    // A plugin after the first may have failed: DEL what the others of this
+                    // list added (an IP, a veth), as the CNI spec asks after a failed ADD.
+                    if let Err(del) = self
+                        .del_list(network, &ifname, pod, capabilities, None)
+                        .await
+                    {
+                        tracing::warn!(pod = %pod.id, network = %network.name, error = %del, "DEL after a failed ADD failed");
+                    }
                     self.undo(pod, &attached, loaded.networks.as_slice(), capabilities)
                         .await;
                     return Err(e);
@@ -570,13 +578,23 @@ async fn run_plugin(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| io(format!("cannot run {}: {e}", binary.display())))?;
-    if let Some(mut pipe) = child.stdin.take() {
-        pipe.write_all(&stdin)
-            .await
-            .map_err(|e| io(format!("writing config: {e}")))?;
-    }
-    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(output) => output.map_err(|e| io(e.to_string()))?,
+    let pipe = child.stdin.take();
+    let feed = async move {
+        let Some(mut pipe) = pipe else { return Ok(()) };
+        match pipe.write_all(&stdin).await {
+            // The plugin exited without reading its config: its status and output say why.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            other => other,
+        }
+        // Dropping the pipe closes the plugin's stdin.
+    };
+    // Fed while it runs, all within the timeout: a plugin that never reads cannot hang us.
+    let run = async { tokio::join!(feed, child.wait_with_output()) };
+    let output = match tokio::time::timeout(timeout, run).await {
+        Ok((fed, output)) => {
+            fed.map_err(|e| io(format!("writing config: {e}")))?;
+            output.map_err(|e| io(e.to_string()))?
+        }
         Err(_) => {
             return Err(CniError::Timeout {
                 plugin: plugin.to_string(),

@@ -86,7 +86,8 @@ impl TaskExitHandler for CriService {
         self.set_containerd_reachable(reachable);
     }
 
-    async fn resync_tasks(&self) {
+    async fn resync_tasks(&self) -> usize {
+        let mut unchecked = 0;
         for container in self.containers.list() {
             if container.status().state != ContainerState::Running {
                 continue;
@@ -105,6 +106,7 @@ impl TaskExitHandler for CriService {
                         .await;
                 }
                 Err(e) => {
+                    unchecked += 1;
                     tracing::warn!(container = %container.id(), error = %e, "cannot re-sync container task")
                 }
             }
@@ -120,8 +122,12 @@ impl TaskExitHandler for CriService {
                         }
                     });
                 }
-                Err(e) => tracing::warn!(sandbox = %id, error = %e, "cannot re-sync sandbox task"),
+                Err(e) => {
+                    unchecked += 1;
+                    tracing::warn!(sandbox = %id, error = %e, "cannot re-sync sandbox task")
+                }
             }
         }
+        unchecked
     }
 }

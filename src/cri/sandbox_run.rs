@@ -1,8 +1,8 @@
 //! `RunPodSandbox`: reserve the name, ensure the sandbox image, write the pod's files and
 //! /dev/shm, create the netns, create the containerd container and record the sandbox
-//! *before* networking (so a later Stop/Remove can always undo it), run CNI ADD and persist
-//! the result at once, then create and start the pause task. Any failure undoes every step
-//! already done, in reverse.
+//! *before* networking (so a later Stop/Remove can always undo it), then run CNI ADD
+//! (each result cached at once) while the pause task is created and started, and record
+//! the network once both are done. Any failure undoes every step already done, in reverse.
 //!
 //! The work runs in a task of its own: a client that gives up (kubelet's RPC timeout) does
 //! not cut a creation in half; it completes or is undone.
@@ -21,7 +21,7 @@ use super::sandbox::{
     pod_ref,
 };
 use super::unix_nanos;
-use crate::cni::network::capability_args;
+use crate::cni::network::{NetworkAttachment, capability_args};
 use crate::cni::result::CniResult;
 use crate::config::RuntimeConfig;
 use crate::oci::{self, SANDBOX_OOM_SCORE_ADJ, SandboxSpecInput};
@@ -219,23 +219,21 @@ impl CriService {
         }
         let _lifecycle = sandbox.lifecycle.lock().await;
 
-        if !netns_path.is_empty() {
-            self.setup_sandbox_network(undo, &sandbox, &config).await?;
-            crate::failpoint::hit("sandbox_after_cni")
+        // CNI ADD and the pause task need only the netns: do both at once. Each success is
+        // registered for undo before either failure is returned.
+        let network = async {
+            if netns_path.is_empty() {
+                return Ok(None);
+            }
+            self.attach_sandbox_network(&sandbox, &config)
                 .await
-                .map_err(internal)?;
-        }
-
-        let mounts = self
-            .containerd
-            .snapshot_mounts(&snapshotter, id)
-            .await
-            .map_err(internal)?;
-        self.containerd
-            .create_task(id, mounts, ["", "", ""], false)
-            .await
-            .map_err(|e| Status::internal(format!("failed to create the sandbox task: {e}")))?;
-        {
+                .map(Some)
+        };
+        let ((attached, task), network) = tokio::join!(
+            self.create_and_start_sandbox_task(id, &snapshotter),
+            network
+        );
+        if attached {
             let (service, id) = (self.clone(), id.to_string());
             undo.push("destroy sandbox task", async move {
                 if let Err(e) = service.destroy_task(&id).await {
@@ -243,11 +241,23 @@ impl CriService {
                 }
             });
         }
-        let pid = self
-            .containerd
-            .start_task(id, "")
-            .await
-            .map_err(|e| Status::internal(format!("failed to start the sandbox task: {e}")))?;
+        if let Ok(Some(_)) = &network {
+            let (service, pod) = (self.clone(), pod_ref(&sandbox.metadata()));
+            undo.push("tear down sandbox network", async move {
+                if let Err(e) = service.cni_network.teardown(&pod).await {
+                    tracing::warn!(sandbox = %pod.id, error = %e, "undo: CNI teardown failed");
+                }
+            });
+        }
+        let (pid, network) = (task?, network?);
+        if let Some(attachments) = network {
+            crate::failpoint::hit("sandbox_after_cni")
+                .await
+                .map_err(internal)?;
+            // Recorded only once the pause task runs too: recovery finishes a sandbox whose
+            // network is recorded and whose task runs, and undoes any other.
+            self.record_sandbox_network(&sandbox, attachments).await?;
+        }
         crate::failpoint::hit("sandbox_after_start")
             .await
             .map_err(internal)?;
@@ -335,32 +345,31 @@ impl CriService {
     }
 
     /// CNI ADD, then the IPs and results are written to the store and containerd at once.
-    async fn setup_sandbox_network(
+    /// CNI ADD for the pod (each result cached at once); undone by the caller on failure
+    /// of anything later.
+    async fn attach_sandbox_network(
         &self,
-        undo: &mut Undo,
         sandbox: &Arc<Sandbox>,
         config: &PodSandboxConfig,
-    ) -> Result<(), Status> {
+    ) -> Result<Vec<NetworkAttachment>, Status> {
         let metadata = sandbox.metadata();
-        let pod = pod_ref(&metadata);
-        let attachments = self
-            .cni_network
-            .setup(&pod, &capability_args(config))
+        self.cni_network
+            .setup(&pod_ref(&metadata), &capability_args(config))
             .await
             .map_err(|e| {
                 Status::internal(format!(
                     "failed to set up the network of sandbox {}: {e}",
                     metadata.id
                 ))
-            })?;
-        {
-            let service = self.clone();
-            undo.push("tear down sandbox network", async move {
-                if let Err(e) = service.cni_network.teardown(&pod).await {
-                    tracing::warn!(sandbox = %pod.id, error = %e, "undo: CNI teardown failed");
-                }
-            });
-        }
+            })
+    }
+
+    /// Keeps the pod's IPs and CNI results in the sandbox and in its containerd record.
+    async fn record_sandbox_network(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        attachments: Vec<NetworkAttachment>,
+    ) -> Result<(), Status> {
         let ips = match attachments.first() {
             Some(first) => CniResult::parse(&first.result)
                 .map_err(internal)?
@@ -378,7 +387,37 @@ impl CriService {
         Ok(())
     }
 
-    /// The sandbox image from the store; imported (built-in) or pulled when missing.
+    /// Creates and starts the pause task. Returns whether the task was created (so it must
+    /// be destroyed on failure) and the pid.
+    async fn create_and_start_sandbox_task(
+        &self,
+        id: &str,
+        snapshotter: &str,
+    ) -> (bool, Result<u32, Status>) {
+        let mounts = match self.containerd.snapshot_mounts(snapshotter, id).await {
+            Ok(mounts) => mounts,
+            Err(e) => return (false, Err(internal(e))),
+        };
+        if let Err(e) = self
+            .containerd
+            .create_task(id, mounts, ["", "", ""], false)
+            .await
+        {
+            return (
+                false,
+                Err(Status::internal(format!(
+                    "failed to create the sandbox task: {e}"
+                ))),
+            );
+        }
+        let started = self
+            .containerd
+            .start_task(id, "")
+            .await
+            .map_err(|e| Status::internal(format!("failed to start the sandbox task: {e}")));
+        (true, started)
+    }
+
     pub(crate) async fn ensure_sandbox_image(&self) -> Result<Image, Status> {
         if let Some(image) = self.images.resolve(&self.sandbox_image) {
             return Ok(image);
