@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use containerd_client::events::{TaskExit, TaskOom};
-use containerd_client::services::v1::{ImageCreate, ImageDelete, ImageUpdate, SubscribeRequest};
+use containerd_client::services::v1::{
+    ImageCreate, ImageDelete, ImageUpdate, PublishRequest, SubscribeRequest,
+};
 use containerd_client::types::Envelope;
 
 use futures::StreamExt;
@@ -20,6 +22,9 @@ use crate::image::load::sync_record;
 use crate::store::ImageStore;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// crius's own event, published until a subscription is answered.
+const PING_TOPIC: &str = "/crius/ping";
+const PING_INTERVAL: Duration = Duration::from_millis(250);
 /// How often, and how far apart, tasks that could not be re-checked are tried again.
 const RESYNC_RETRIES: u32 = 30;
 const RESYNC_RETRY_INTERVAL: Duration = Duration::from_secs(1);
@@ -73,17 +78,17 @@ impl EventMonitor {
         crate::failpoint::hit("event_monitor").await?;
         let mut backoff = Duration::from_millis(100);
         let mut first = true;
+        let mut retry: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             let namespace = self.containerd.namespace();
             let filters = vec![
                 format!("namespace==\"{namespace}\",topic~=\"^/images/\""),
                 format!("namespace==\"{namespace}\",topic==\"/tasks/exit\""),
                 format!("namespace==\"{namespace}\",topic==\"/tasks/oom\""),
+                format!("namespace==\"{namespace}\",topic==\"{PING_TOPIC}\""),
             ];
-            let mut client = self.containerd.events();
-            let subscribed = tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                s = client.subscribe(SubscribeRequest { filters }) => s,
+            let Some(subscribed) = self.subscribe(filters, &cancel).await else {
+                return Ok(());
             };
             let mut stream = match subscribed {
                 Ok(resp) => resp.into_inner(),
@@ -103,9 +108,12 @@ impl EventMonitor {
             if !first {
                 tracing::info!("resubscribed to containerd events; re-syncing images and tasks");
                 self.resync_images().await;
+                if let Some(earlier) = retry.take() {
+                    earlier.abort();
+                }
                 let unchecked = self.exits.resync_tasks().await;
                 if unchecked > 0 {
-                    self.retry_resync(unchecked, cancel.clone());
+                    retry = Some(self.retry_resync(unchecked, cancel.clone()));
                 }
             }
             first = false;
@@ -131,9 +139,49 @@ impl EventMonitor {
         }
     }
 
+    /// Subscribes; `None` when cancelled. containerd answers a subscription only with its
+    /// first event, so until then crius publishes a ping of its own every
+    /// `PING_INTERVAL`: the answer then proves the subscription live, and a re-sync after
+    /// it cannot miss an exit (nor wait for the next event to happen).
+    async fn subscribe(
+        &self,
+        filters: Vec<String>,
+        cancel: &CancellationToken,
+    ) -> Option<Result<tonic::Response<tonic::Streaming<Envelope>>, tonic::Status>> {
+        let mut client = self.containerd.events();
+        let subscribe = client.subscribe(SubscribeRequest { filters });
+        tokio::pin!(subscribe);
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                subscribed = &mut subscribe => return Some(subscribed),
+                _ = ping.tick() => self.publish_ping().await,
+            }
+        }
+    }
+
+    async fn publish_ping(&self) {
+        let request = PublishRequest {
+            topic: PING_TOPIC.to_string(),
+            event: Some(prost_types::Any {
+                type_url: "type.googleapis.com/google.protobuf.Empty".to_string(),
+                value: Vec::new(),
+            }),
+        };
+        if let Err(e) = self.containerd.events().publish(request).await {
+            tracing::debug!(error = %e, "cannot publish a ping event");
+        }
+    }
+
     /// Re-checks the tasks again, a second apart, until every one could be asked about:
     /// an exit missed in the gap must not leave a container RUNNING for good.
-    fn retry_resync(&self, mut unchecked: usize, cancel: CancellationToken) {
+    fn retry_resync(
+        &self,
+        mut unchecked: usize,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
         let exits = self.exits.clone();
         tokio::spawn(async move {
             for attempt in 1..=RESYNC_RETRIES {
@@ -155,7 +203,7 @@ impl EventMonitor {
                 unchecked,
                 "gave up re-checking tasks after a containerd gap"
             );
-        });
+        })
     }
 
     async fn handle(&self, envelope: Envelope) {

@@ -115,7 +115,9 @@ impl CriService {
         code: u32,
         at: SystemTime,
     ) {
-        if container.status().state == ContainerState::Exited {
+        if container.status().state == ContainerState::Exited || !container.claim_exit() {
+            // Recorded already, or being recorded by another path: wait for that one.
+            container.wait_exited().await;
             return;
         }
         container.io.drain(EXIT_DRAIN).await;

@@ -50,7 +50,8 @@ impl TaskExitHandler for CriService {
         tracing::info!(sandbox = %event.container_id, exit_status = event.exit_status, "pause task exited");
         let was_ready = sandbox.status().state == SandboxState::Ready;
         sandbox.update_status(|s| {
-            if s.state == SandboxState::Ready {
+            // A sandbox still being created learns of it this way, and fails.
+            if matches!(s.state, SandboxState::Ready | SandboxState::Creating) {
                 s.state = SandboxState::NotReady;
             }
             s.pid = 0;
@@ -89,6 +90,10 @@ impl TaskExitHandler for CriService {
     async fn resync_tasks(&self) -> usize {
         let mut unchecked = 0;
         for container in self.containers.list() {
+            // One being started, stopped or removed is settled by that operation.
+            let Ok(_lifecycle) = container.lifecycle.try_lock() else {
+                continue;
+            };
             if container.status().state != ContainerState::Running {
                 continue;
             }
@@ -112,6 +117,12 @@ impl TaskExitHandler for CriService {
             }
         }
         for sandbox in self.sandboxes.list() {
+            let Ok(_lifecycle) = sandbox.lifecycle.try_lock() else {
+                continue;
+            };
+            if sandbox.status().state != SandboxState::Ready {
+                continue;
+            }
             let id = sandbox.id();
             match self.containerd.task_state(&id).await {
                 Ok(Some(task)) if task.status == ProcessStatus::Running => {}

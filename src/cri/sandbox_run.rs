@@ -229,18 +229,11 @@ impl CriService {
                 .await
                 .map(Some)
         };
-        let ((attached, task), network) = tokio::join!(
+        let (task, network) = tokio::join!(
             self.create_and_start_sandbox_task(id, &snapshotter),
             network
         );
-        if attached {
-            let (service, id) = (self.clone(), id.to_string());
-            undo.push("destroy sandbox task", async move {
-                if let Err(e) = service.destroy_task(&id).await {
-                    tracing::warn!(sandbox = %id, error = %e, "undo: destroying task failed");
-                }
-            });
-        }
+        // Undone newest first: the task goes before its network, as in StopPodSandbox.
         if let Ok(Some(_)) = &network {
             let (service, pod) = (self.clone(), pod_ref(&sandbox.metadata()));
             undo.push("tear down sandbox network", async move {
@@ -248,6 +241,18 @@ impl CriService {
                     tracing::warn!(sandbox = %pod.id, error = %e, "undo: CNI teardown failed");
                 }
             });
+        }
+        {
+            // Also when creating it failed: the RPC may fail after the shim made the task.
+            let (service, id) = (self.clone(), id.to_string());
+            undo.push("destroy sandbox task", async move {
+                if let Err(e) = service.destroy_task(&id).await {
+                    tracing::warn!(sandbox = %id, error = %e, "undo: destroying task failed");
+                }
+            });
+        }
+        if let (Err(_), Err(e)) = (&task, &network) {
+            tracing::warn!(sandbox = %id, error = %e.message(), "CNI ADD failed too");
         }
         let (pid, network) = (task?, network?);
         if let Some(attachments) = network {
@@ -261,11 +266,19 @@ impl CriService {
         crate::failpoint::hit("sandbox_after_start")
             .await
             .map_err(internal)?;
-        self.mark_sandbox_started(id)?;
-        sandbox.update_status(|s| {
-            s.state = SandboxState::Ready;
-            s.pid = pid;
+        // The pause task may have died while CNI ran: its exit made the sandbox NOTREADY.
+        let status = sandbox.update_status(|s| {
+            if s.state == SandboxState::Creating {
+                s.state = SandboxState::Ready;
+                s.pid = pid;
+            }
         });
+        if status.state != SandboxState::Ready {
+            return Err(Status::internal(format!(
+                "the pause task of sandbox {id} exited while the sandbox was being created"
+            )));
+        }
+        self.mark_sandbox_started(id)?;
         tracing::info!(sandbox = %id, name, pid, ips = ?sandbox.metadata().ips, "pod sandbox running");
         for kind in [
             k8s_cri::v1::ContainerEventType::ContainerCreatedEvent,
@@ -387,35 +400,25 @@ impl CriService {
         Ok(())
     }
 
-    /// Creates and starts the pause task. Returns whether the task was created (so it must
-    /// be destroyed on failure) and the pid.
+    /// Creates and starts the pause task; returns its pid.
     async fn create_and_start_sandbox_task(
         &self,
         id: &str,
         snapshotter: &str,
-    ) -> (bool, Result<u32, Status>) {
-        let mounts = match self.containerd.snapshot_mounts(snapshotter, id).await {
-            Ok(mounts) => mounts,
-            Err(e) => return (false, Err(internal(e))),
-        };
-        if let Err(e) = self
+    ) -> Result<u32, Status> {
+        let mounts = self
             .containerd
+            .snapshot_mounts(snapshotter, id)
+            .await
+            .map_err(internal)?;
+        self.containerd
             .create_task(id, mounts, ["", "", ""], false)
             .await
-        {
-            return (
-                false,
-                Err(Status::internal(format!(
-                    "failed to create the sandbox task: {e}"
-                ))),
-            );
-        }
-        let started = self
-            .containerd
+            .map_err(|e| Status::internal(format!("failed to create the sandbox task: {e}")))?;
+        self.containerd
             .start_task(id, "")
             .await
-            .map_err(|e| Status::internal(format!("failed to start the sandbox task: {e}")));
-        (true, started)
+            .map_err(|e| Status::internal(format!("failed to start the sandbox task: {e}")))
     }
 
     pub(crate) async fn ensure_sandbox_image(&self) -> Result<Image, Status> {

@@ -85,6 +85,8 @@ pub struct Container {
     exited: watch::Sender<bool>,
     /// Set when containerd reported an OOM kill for the container.
     oom_killed: std::sync::atomic::AtomicBool,
+    /// Taken by the first of the paths that learn of the exit (event, re-sync, stop).
+    exit_claimed: std::sync::atomic::AtomicBool,
     /// Serialises create/start/remove transitions.
     pub lifecycle: tokio::sync::Mutex<()>,
     /// Resources set by UpdateContainerResources since creation.
@@ -108,6 +110,7 @@ impl Container {
             process_spec,
             exited: watch::channel(done).0,
             oom_killed: std::sync::atomic::AtomicBool::new(false),
+            exit_claimed: std::sync::atomic::AtomicBool::new(false),
             lifecycle: tokio::sync::Mutex::new(()),
             resources: Mutex::new(None),
         }
@@ -173,6 +176,13 @@ impl Container {
     pub fn mark_oom_killed(&self) {
         self.oom_killed
             .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True for the first caller only: that one records the exit.
+    pub fn claim_exit(&self) -> bool {
+        !self
+            .exit_claimed
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 
     pub fn oom_killed(&self) -> bool {
