@@ -357,9 +357,10 @@ run_benches() {
   eval "$(print_env)"
   export CRIUS_BENCH_CRI_CONTAINERD=$CRI_CTRD_SOCK CRIUS_BENCH_CONTAINERD_PID=$CTRD_DIR/pid
   export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
+  # First, while the test bed's containerd holds nothing but the test images.
+  cargo bench --bench lifecycle
   cargo bench --bench pull
   cargo bench --bench stats
-  cargo bench --bench lifecycle
 }
 
 case "${1:-}" in
