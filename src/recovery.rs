@@ -123,6 +123,7 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
                 state,
                 pid,
                 netns_closed,
+                network_released: false,
             },
         )));
         recovered += 1;
@@ -285,6 +286,7 @@ async fn discard_sandbox(service: &CriService, metadata: crate::store::SandboxMe
             state: SandboxState::NotReady,
             pid: 0,
             netns_closed: false,
+            network_released: false,
         },
     ));
     match tokio::time::timeout(ITEM_TIMEOUT, service.destroy_sandbox(&sandbox)).await {

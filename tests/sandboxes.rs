@@ -297,11 +297,20 @@ async fn stop_and_remove_are_idempotent_and_leave_nothing() {
     let id = run(&mut client, pod_config("twice")).await.unwrap();
     let (_, info) = sandbox_status(&mut client, &id).await;
     let netns = info["netNamespace"].as_str().unwrap().to_string();
+    // The debug line of each plugin run carries `command="DEL"` (with colour codes).
+    let cni_dels = |crius: &Crius| crius.log().matches(r#""DEL""#).count();
     stop(&mut client, &id).await;
+    let after_stop = cni_dels(&crius);
+    assert!(after_stop > 0, "Stop ran no CNI DEL");
     stop(&mut client, &id).await;
     remove(&mut client, &id).await;
     remove(&mut client, &id).await;
     assert_no_trace(&crius, &id, &netns, &network);
+    assert_eq!(
+        cni_dels(&crius),
+        after_stop,
+        "the network was released once; Stop and Remove after it must not DEL again"
+    );
 
     // Remove without Stop, and the name is free again.
     let id = run(&mut client, pod_config("twice"))

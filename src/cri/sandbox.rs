@@ -266,7 +266,7 @@ impl CriService {
                 k8s_cri::v1::ContainerEventType::ContainerStoppedEvent,
             );
         }
-        if !metadata.netns_path.is_empty() {
+        if !metadata.netns_path.is_empty() && !sandbox.status().network_released {
             self.cni_network
                 .teardown(&pod_ref(&metadata))
                 .await
@@ -275,6 +275,7 @@ impl CriService {
                         "failed to tear down the network of sandbox {id}: {e}"
                     ))
                 })?;
+            sandbox.update_status(|s| s.network_released = true);
         }
         self.unmount_sandbox_shm(&id);
         if !metadata.netns_path.is_empty() {

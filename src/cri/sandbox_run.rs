@@ -207,6 +207,7 @@ impl CriService {
                 state: SandboxState::Creating,
                 pid: 0,
                 netns_closed: false,
+                network_released: false,
             },
         ));
         self.sandboxes.add(sandbox.clone());

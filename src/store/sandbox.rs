@@ -48,6 +48,8 @@ pub struct SandboxStatus {
     pub pid: u32,
     /// Whether the netns has been removed (Stop).
     pub netns_closed: bool,
+    /// Whether this process ran CNI DEL for the pod (a Remove after a Stop skips it).
+    pub network_released: bool,
 }
 
 /// One sandbox: metadata, status, and a lock that serialises Stop and Remove on it.
