@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use containerd_client::types::v1::Status as ProcessStatus;
 
+use crate::containerd::tasks::TaskState;
 use crate::containerd::{Containerd, ContainerdError};
 use crate::cri::container::metadata_from_extensions as container_metadata;
 use crate::cri::exits::UNKNOWN_EXIT_CODE;
@@ -26,6 +27,7 @@ use crate::server::CriService;
 use crate::store::container::read_status;
 use crate::store::{Container, ContainerState, ContainerStatus};
 use crate::store::{ImageStore, Sandbox, SandboxState, SandboxStatus};
+use containerd_client::services::v1::Container as ContainerRecord;
 
 /// Bound on loading one item.
 pub const ITEM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,18 +63,30 @@ pub async fn recover_images(
     Ok(store.len())
 }
 
-/// Rebuilds the sandbox store and the sandbox names from containerd: each sandbox container's
-/// metadata extension and its task's state.
-pub async fn recover_sandboxes(service: &CriService) -> Result<usize, ContainerdError> {
-    let filter = format!("labels.\"{KIND_LABEL}\"=={KIND_SANDBOX}");
+/// What asking containerd for a task's state gave: its answer, or a timeout.
+type TaskLoad = Result<Result<Option<TaskState>, ContainerdError>, tokio::time::error::Elapsed>;
+
+/// crius's containerd records of `kind`, each with its task's state, asked concurrently
+/// and each within `ITEM_TIMEOUT`.
+async fn records_with_tasks<'a>(
+    service: &'a CriService,
+    kind: &str,
+) -> Result<impl futures::Stream<Item = (ContainerRecord, TaskLoad)> + 'a, ContainerdError> {
+    let filter = format!("labels.\"{KIND_LABEL}\"=={kind}");
     let records = service.containerd.list_containers(vec![filter]).await?;
-    let mut loads = futures::stream::iter(records)
-        .map(|record| async move {
+    Ok(futures::stream::iter(records)
+        .map(move |record| async move {
             let task =
                 tokio::time::timeout(ITEM_TIMEOUT, service.containerd.task_state(&record.id)).await;
             (record, task)
         })
-        .buffer_unordered(CONCURRENCY);
+        .buffer_unordered(CONCURRENCY))
+}
+
+/// Rebuilds the sandbox store and the sandbox names from containerd: each sandbox container's
+/// metadata extension and its task's state.
+pub async fn recover_sandboxes(service: &CriService) -> Result<usize, ContainerdError> {
+    let mut loads = records_with_tasks(service, KIND_SANDBOX).await?;
     let mut recovered = 0;
     while let Some((record, task)) = loads.next().await {
         let metadata = match metadata_from_extensions(&record.extensions) {
@@ -137,15 +151,7 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
 /// their output re-attached to their logs; those that exited while crius was down get
 /// their real exit code and time.
 pub async fn recover_containers(service: &CriService) -> Result<usize, ContainerdError> {
-    let filter = format!("labels.\"{KIND_LABEL}\"=={KIND_CONTAINER}");
-    let records = service.containerd.list_containers(vec![filter]).await?;
-    let mut loads = futures::stream::iter(records)
-        .map(|record| async move {
-            let task =
-                tokio::time::timeout(ITEM_TIMEOUT, service.containerd.task_state(&record.id)).await;
-            (record, task)
-        })
-        .buffer_unordered(CONCURRENCY);
+    let mut loads = records_with_tasks(service, KIND_CONTAINER).await?;
     let mut recovered = 0;
     while let Some((record, task)) = loads.next().await {
         let metadata = match container_metadata(&record.extensions) {

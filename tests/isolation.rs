@@ -394,6 +394,21 @@ impl Drop for SharedDir {
     }
 }
 
+/// Mounts a tmpfs at `dir` (created) on the host.
+fn mount_tmpfs_on_host(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    assert!(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "none"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success(),
+        "mount a tmpfs at {}",
+        dir.display()
+    );
+}
+
 fn host_mounted(path: &Path) -> bool {
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
@@ -437,15 +452,7 @@ async fn mount_propagation_private_shared_and_slave() {
         host_mounted(&dir.path.join("from-container")),
         "container mount reaches the host"
     );
-    std::fs::create_dir_all(dir.path.join("from-host")).unwrap();
-    assert!(
-        Command::new("mount")
-            .args(["-t", "tmpfs", "none"])
-            .arg(dir.path.join("from-host"))
-            .status()
-            .unwrap()
-            .success()
-    );
+    mount_tmpfs_on_host(&dir.path.join("from-host"));
     let (mounts, _, _) = sh(&mut pod, &id, "cat /proc/mounts").await;
     assert!(
         mounts.contains("/mnt/shared/from-host"),
@@ -461,15 +468,7 @@ async fn mount_propagation_private_shared_and_slave() {
             &slave_dir,
         ))
         .await;
-    std::fs::create_dir_all(slave_dir.path.join("from-host")).unwrap();
-    assert!(
-        Command::new("mount")
-            .args(["-t", "tmpfs", "none"])
-            .arg(slave_dir.path.join("from-host"))
-            .status()
-            .unwrap()
-            .success()
-    );
+    mount_tmpfs_on_host(&slave_dir.path.join("from-host"));
     let (mounts, _, _) = sh(&mut pod, &id, "cat /proc/mounts").await;
     assert!(
         mounts.contains("/mnt/shared/from-host"),
@@ -496,15 +495,7 @@ async fn mount_propagation_private_shared_and_slave() {
             &private_dir,
         ))
         .await;
-    std::fs::create_dir_all(private_dir.path.join("from-host")).unwrap();
-    assert!(
-        Command::new("mount")
-            .args(["-t", "tmpfs", "none"])
-            .arg(private_dir.path.join("from-host"))
-            .status()
-            .unwrap()
-            .success()
-    );
+    mount_tmpfs_on_host(&private_dir.path.join("from-host"));
     let (mounts, _, _) = sh(&mut pod, &id, "cat /proc/mounts").await;
     assert!(
         !mounts.contains("/mnt/shared/from-host"),

@@ -9,7 +9,6 @@ use std::time::Duration;
 use k8s_cri::v1::{ExecSyncRequest, ExecSyncResponse};
 use tonic::Status;
 
-use super::sandbox::internal;
 use crate::io::{CapturedOutput, ExecIo};
 use crate::server::CriService;
 use crate::store::{Container, ContainerState};
@@ -22,6 +21,11 @@ const EXEC_DRAIN: Duration = Duration::from_millis(500);
 const KILLED_DRAIN: Duration = Duration::from_millis(50);
 /// The type URL of an OCI process spec.
 pub const PROCESS_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
+
+/// A fresh ID for an exec process.
+pub(crate) fn new_exec_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
 
 impl CriService {
     pub async fn exec_sync(&self, req: ExecSyncRequest) -> Result<ExecSyncResponse, Status> {
@@ -48,30 +52,14 @@ impl CriService {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<ExecSyncResponse, Status> {
         let id = container.id().to_string();
-        let exec_id = format!("{:016x}", rand::random::<u64>());
+        let exec_id = new_exec_id();
         let dir = self.container_state_dir(&id).join("exec").join(&exec_id);
         let output = CapturedOutput::new(MAX_OUTPUT);
         let mut io = ExecIo::start(&dir, output.clone())
             .map_err(|e| Status::internal(format!("creating exec FIFOs: {e}")))?;
-
-        let mut process = container.process_spec.clone();
-        process["args"] = serde_json::json!(cmd);
-        process["terminal"] = serde_json::json!(false);
-        let spec = prost_types::Any {
-            type_url: PROCESS_TYPE_URL.to_string(),
-            value: serde_json::to_vec(&process).map_err(internal)?,
-        };
-        let stdio = io.fifos().paths();
-        self.containerd
-            .exec_process(
-                &id,
-                &exec_id,
-                spec,
-                [&stdio[0], &stdio[1], &stdio[2]],
-                false,
-            )
+        self.create_exec_process(container, &exec_id, cmd, false, &io)
             .await
-            .map_err(|e| Status::internal(format!("exec in container {id}: {e}")))?;
+            .map_err(Status::internal)?;
         let result = self
             .start_and_wait_exec(&id, &exec_id, deadline, &mut io)
             .await
@@ -89,14 +77,7 @@ impl CriService {
             KILLED_DRAIN
         };
         io.finish(drain).await;
-        // The shim's delete waits up to 2 s for output still held open by a background
-        // child: do it after answering.
-        let containerd = self.containerd.clone();
-        tokio::spawn(async move {
-            if let Err(e) = containerd.delete_process(&id, &exec_id).await {
-                tracing::warn!(container = %id, exec = %exec_id, error = %e, "deleting the exec process failed");
-            }
-        });
+        self.delete_exec_process_later(id, exec_id);
         let exit_code = result?;
         let (stdout, stderr) = output.take();
         Ok(ExecSyncResponse {
@@ -104,6 +85,44 @@ impl CriService {
             stderr,
             exit_code,
         })
+    }
+
+    /// Creates (does not start) exec process `exec_id` in the container: its process
+    /// settings with `cmd`, on the FIFOs of `io`.
+    pub(crate) async fn create_exec_process(
+        &self,
+        container: &Container,
+        exec_id: &str,
+        cmd: &[String],
+        tty: bool,
+        io: &ExecIo,
+    ) -> Result<(), String> {
+        let id = container.id();
+        let mut process = container.process_spec.clone();
+        process["args"] = serde_json::json!(cmd);
+        process["terminal"] = serde_json::json!(tty);
+        let spec = prost_types::Any {
+            type_url: PROCESS_TYPE_URL.to_string(),
+            value: serde_json::to_vec(&process)
+                .map_err(|e| format!("encoding the process spec: {e}"))?,
+        };
+        let stdio = io.fifos().paths();
+        self.containerd
+            .exec_process(id, exec_id, spec, [&stdio[0], &stdio[1], &stdio[2]], tty)
+            .await
+            .map_err(|e| format!("exec in container {id}: {e}"))
+    }
+
+    /// Deletes a finished exec process in the background: the shim's delete waits up to
+    /// 2 s for output still held open by a background child, which no caller should wait
+    /// for.
+    pub(crate) fn delete_exec_process_later(&self, id: String, exec_id: String) {
+        let containerd = self.containerd.clone();
+        tokio::spawn(async move {
+            if let Err(e) = containerd.delete_process(&id, &exec_id).await {
+                tracing::warn!(container = %id, exec = %exec_id, error = %e, "deleting the exec process failed");
+            }
+        });
     }
 
     /// Starts the exec process and waits for it, killing it when the deadline passes.

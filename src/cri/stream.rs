@@ -15,7 +15,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use super::container_execsync::PROCESS_TYPE_URL;
+use super::container_execsync::new_exec_id;
 use super::sandbox::is_host_network;
 use crate::io::{ExecIo, OutputChunk, Stream};
 use crate::server::CriService;
@@ -110,7 +110,7 @@ impl CriService {
         cancel: CancellationToken,
     ) -> Result<i32, RuntimeError> {
         let id = container.id().to_string();
-        let exec_id = format!("{:016x}", rand::random::<u64>());
+        let exec_id = new_exec_id();
         let dir = self.container_state_dir(&id).join("exec").join(&exec_id);
         let ProcessIo {
             stdin,
@@ -122,30 +122,14 @@ impl CriService {
         let mut exec_io = ExecIo::start_streams(&dir, stdin.is_some(), tty, stdout, stderr)
             .map_err(|e| RuntimeError::new(format!("creating exec FIFOs: {e}")))?;
 
-        let mut process = container.process_spec.clone();
-        process["args"] = serde_json::json!(cmd);
-        process["terminal"] = serde_json::json!(tty);
-        let spec = prost_types::Any {
-            type_url: PROCESS_TYPE_URL.to_string(),
-            value: serde_json::to_vec(&process)
-                .map_err(|e| RuntimeError::new(format!("encoding the process spec: {e}")))?,
-        };
-        let stdio = exec_io.fifos().paths();
-        self.containerd
-            .exec_process(&id, &exec_id, spec, [&stdio[0], &stdio[1], &stdio[2]], tty)
+        self.create_exec_process(container, &exec_id, cmd, tty, &exec_io)
             .await
-            .map_err(|e| RuntimeError::new(format!("exec in container {id}: {e}")))?;
+            .map_err(RuntimeError::new)?;
         let outcome = self
             .start_and_wait_streaming(&id, &exec_id, &mut exec_io, stdin, resize, cancel)
             .await;
         exec_io.finish(EXEC_DRAIN).await;
-        // The shim's delete can wait for output still held open: do it in the background.
-        let containerd = self.containerd.clone();
-        tokio::spawn(async move {
-            if let Err(e) = containerd.delete_process(&id, &exec_id).await {
-                tracing::warn!(container = %id, exec = %exec_id, error = %e, "deleting the exec process failed");
-            }
-        });
+        self.delete_exec_process_later(id, exec_id);
         outcome
     }
 
