@@ -1,20 +1,157 @@
-//! Compiles the containerd protos no crate ships (runc shim options) and the static pause
-//! program of the built-in sandbox image.
+//! Compiles the CRI API (cri-api's `api.proto`, unmodified, see `protos/cri-api/README.md`),
+//! the containerd protos no crate ships (runc shim options) and the static pause program of
+//! the built-in sandbox image.
+//!
+//! The protos are parsed by `protox` (a Rust protobuf compiler) rather than `protoc`: cri-api
+//! uses the `debug_redact` field option, which Debian bookworm's protoc 3.21 does not know.
 
-use std::path::PathBuf;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The CRI API versions crius serves, each generated into its own module.
+const CRI_PROTOS: &[&str] = &[
+    "protos/cri-api/runtime/v1/api.proto",
+    "protos/cri-api/runtime/v1alpha2/api.proto",
+];
+const CRI_INCLUDES: &[&str] = &["protos/cri-api", "protos/gogo"];
 
 fn main() {
     println!("cargo:rerun-if-changed=protos");
     println!("cargo:rerun-if-changed=pause/pause.c");
     println!("cargo:rerun-if-env-changed=CC");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
 
+    compile_cri_api(&out);
+    let runc = protox::compile(["protos/runc_options.proto"], ["protos"])
+        .unwrap_or_else(|e| panic!("parse protos/runc_options.proto: {e}"));
     prost_build::Config::new()
         .enable_type_names()
-        .compile_protos(&["protos/runc_options.proto"], &["protos"])
-        .expect("compile protos (is protoc installed?)");
+        .compile_fds(runc)
+        .expect("generate the runc options");
+    build_pause(&out);
+}
 
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
+/// Generates the CRI messages and tonic services. Messages with fields marked
+/// `debug_redact` (credentials) get a `Debug` that prints those fields as `<redacted>`, so no
+/// log line at any level can show them.
+fn compile_cri_api(out: &Path) {
+    let mut compiler = protox::Compiler::new(CRI_INCLUDES)
+        .unwrap_or_else(|e| panic!("set up the proto compiler: {e}"));
+    compiler.include_imports(true).include_source_info(true);
+    for file in CRI_PROTOS {
+        let relative = file.trim_start_matches("protos/cri-api/");
+        compiler
+            .open_file(relative)
+            .unwrap_or_else(|e| panic!("parse {file}: {e}"));
+    }
+    let redacted = redacted_messages(&compiler.descriptor_pool());
+    let mut builder = tonic_prost_build::configure()
+        .type_attribute(
+            ".runtime",
+            "#[derive(serde::Serialize, serde::Deserialize)]",
+        )
+        .build_client(true)
+        .build_server(true);
+    let mut impls = String::new();
+    if !redacted.is_empty() {
+        builder = builder.skip_debug(redacted.iter().map(|m| m.full_name.clone()));
+        for message in &redacted {
+            impls.push_str(&message.debug_impl());
+        }
+    }
+    builder
+        .compile_fds(compiler.file_descriptor_set())
+        .expect("generate the CRI API");
+    std::fs::write(out.join("cri_redacted_debug.rs"), impls)
+        .expect("write the redacted Debug impls");
+}
+
+/// A message with at least one `debug_redact` field.
+struct RedactedMessage {
+    /// `.runtime.v1.AuthConfig`
+    full_name: String,
+    /// `v1`
+    module: String,
+    /// `AuthConfig`
+    name: String,
+    /// Field names, with whether each is redacted.
+    fields: Vec<(String, bool)>,
+}
+
+impl RedactedMessage {
+    fn debug_impl(&self) -> String {
+        let mut body = String::new();
+        for (field, redacted) in &self.fields {
+            let value = if *redacted {
+                "&if self.{f}.is_empty() { \"\" } else { \"<redacted>\" }".replace("{f}", field)
+            } else {
+                format!("&self.{field}")
+            };
+            let _ = writeln!(body, "            .field({field:?}, {value})");
+        }
+        format!(
+            "impl ::core::fmt::Debug for {module}::{name} {{\n    \
+             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {{\n        \
+             f.debug_struct({name:?})\n{body}            .finish()\n    }}\n}}\n",
+            module = self.module,
+            name = self.name,
+        )
+    }
+}
+
+/// The messages with `debug_redact` fields. An older API version's message of the same name
+/// (v1alpha2 predates the option) has the same fields redacted.
+fn redacted_messages(pool: &prost_reflect::DescriptorPool) -> Vec<RedactedMessage> {
+    let is_redacted = |field: &prost_reflect::FieldDescriptor| {
+        field
+            .options()
+            .get_field_by_name("debug_redact")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false)
+    };
+    let mut marked: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for message in pool.all_messages() {
+        let names: Vec<String> = message
+            .fields()
+            .filter(|f| is_redacted(f))
+            .map(|f| f.name().to_string())
+            .collect();
+        if !names.is_empty() {
+            marked
+                .entry(message.name().to_string())
+                .or_default()
+                .extend(names);
+        }
+    }
+    pool.all_messages()
+        .filter(|m| m.full_name().starts_with("runtime.") && marked.contains_key(m.name()))
+        .map(|message| {
+            let secret = &marked[message.name()];
+            RedactedMessage {
+                full_name: format!(".{}", message.full_name()),
+                module: message
+                    .package_name()
+                    .rsplit('.')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+                name: message.name().to_string(),
+                fields: message
+                    .fields()
+                    .map(|f| {
+                        (
+                            f.name().to_string(),
+                            is_redacted(&f) || secret.iter().any(|s| s == f.name()),
+                        )
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn build_pause(out: &Path) {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let status = Command::new(&cc)
         .args(["-static", "-Os", "-s", "-Wall", "-Werror", "-o"])

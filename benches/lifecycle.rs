@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use common::pod::image;
 use common::{Crius, TestNetwork, pod_config};
-use crius::client::CriClient;
-use k8s_cri::v1::{
+use crius::api::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PodSandboxConfig,
     PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
     StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
+use crius::client::CriClient;
 
 const ROUNDS: usize = 20;
 const PARALLEL_PODS: usize = 10;

@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Crius, Testbed};
-use k8s_cri::v1::{ImageSpec, PullImageRequest, RemoveImageRequest};
+use crius::api::v1::{ImageSpec, PullImageRequest, RemoveImageRequest};
 
 const ROUNDS: usize = 5;
 

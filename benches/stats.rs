@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::Crius;
 use common::pod::{container, pod};
-use k8s_cri::v1::{ListContainerStatsRequest, ListPodSandboxStatsRequest};
+use crius::api::v1::{ListContainerStatsRequest, ListPodSandboxStatsRequest};
 
 const PODS: usize = 10;
 const PER_POD: usize = 10;

@@ -10,6 +10,10 @@
 #   scripts/testbed.sh test     all of the above around fmt, clippy and every test
 #   scripts/testbed.sh bench    the benchmarks against the test bed
 #   scripts/testbed.sh cri-containerd   (after up) containerd with its own CRI, for comparing
+#
+# Two containerds run side by side: Debian bookworm's 1.6 (installed as a package) and 2.1
+# from Debian sid, unpacked with dpkg -x under $TB/dist (never installed over 1.6). The
+# tests run once against each; `env 2` prints the environment for the second.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,6 +24,12 @@ AUTH_USER=crius
 AUTH_PASSWORD=s3cret
 CTRD_DIR=$TB/containerd
 CTRD_SOCK=$CTRD_DIR/containerd.sock
+CTRD2_DIR=$TB/containerd2
+CTRD2_SOCK=$CTRD2_DIR/containerd.sock
+# containerd 2.x from Debian sid: this version if the mirror still has it, else sid's own.
+CTRD2_PIN=2.1.9+ds1-5
+DIST=$TB/dist
+CTRD2_BIN=$DIST/containerd2/usr/bin
 CRI_CTRD_DIR=$TB/cri-containerd
 CRI_CTRD_SOCK=$CRI_CTRD_DIR/containerd.sock
 LAYOUT=$TB/images/oci
@@ -81,26 +91,60 @@ YAML
   log "$name on $addr"
 }
 
+# containerd 2.x: Debian sid's package, fetched through a private sources list and unpacked
+# (its runc is a separate package, so bookworm's runc stays the one on the PATH).
+fetch_containerd2() {
+  [ -x "$CTRD2_BIN/containerd" ] && return 0
+  local apt=$DIST/apt
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources" "$DIST/debs"
+  cat >"$apt/sources/sid.sources" <<SOURCES
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: sid
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+  local opts=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$apt/sources"
+    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o Debug::NoLocking=1
+    -o APT::Sandbox::User=root)
+  log "fetching containerd 2.x from Debian sid"
+  apt-get "${opts[@]}" update >"$apt/update.log" 2>&1 || { cat "$apt/update.log" >&2; return 1; }
+  (cd "$DIST/debs" && { apt-get "${opts[@]}" download "containerd=$CTRD2_PIN" 2>/dev/null ||
+    apt-get "${opts[@]}" download containerd; })
+  rm -rf "$DIST/containerd2"
+  dpkg -x "$DIST"/debs/containerd_*.deb "$DIST/containerd2"
+  "$CTRD2_BIN/containerd" --version | grep -q ' v\?2\.' || {
+    log "sid's containerd is not 2.x: $("$CTRD2_BIN/containerd" --version)"
+    return 1
+  }
+  log "unpacked $("$CTRD2_BIN/containerd" --version)"
+}
+
+# $1: its directory, $2: the directory of its binaries (empty: the installed ones).
 containerd_up() {
-  mkdir -p "$CTRD_DIR"
-  cat >"$CTRD_DIR/config.toml" <<TOML
+  local dir=$1 bin=${2:-} sock=$1/containerd.sock path=$PATH
+  [ -z "$bin" ] || path=$bin:$PATH
+  mkdir -p "$dir"
+  cat >"$dir/config.toml" <<TOML
 version = 2
-root = "$CTRD_DIR/root"
-state = "$CTRD_DIR/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+root = "$dir/root"
+state = "$dir/state"
+# crius serves the CRI: containerd's own CRI plugins (one in 1.x, three in 2.x) stay off.
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]
 [grpc]
-  address = "$CTRD_SOCK"
+  address = "$sock"
 [ttrpc]
-  address = "$CTRD_SOCK.ttrpc"
+  address = "$sock.ttrpc"
 [debug]
   level = "info"
 [plugins."io.containerd.gc.v1.scheduler"]
   deletion_threshold = 0
 TOML
-  containerd --config "$CTRD_DIR/config.toml" >"$CTRD_DIR/log" 2>&1 &
-  echo $! >"$CTRD_DIR/pid"
-  wait_for "containerd at $CTRD_SOCK" 200 ctr --address "$CTRD_SOCK" --connect-timeout 1s version
-  log "containerd at $CTRD_SOCK"
+  # Its shims are found on the PATH, so 2.x runs its own shim.
+  PATH=$path containerd --config "$dir/config.toml" >"$dir/log" 2>&1 &
+  echo $! >"$dir/pid"
+  wait_for "containerd at $sock" 200 env PATH="$path" ctr --address "$sock" --connect-timeout 1s version
+  log "$(PATH=$path containerd --version) at $sock"
 }
 
 # A busybox image built from Debian's busybox-static with umoci, pushed with skopeo.
@@ -273,7 +317,9 @@ up() {
     realm: crius-test
     path: $TB/auth-registry/htpasswd"
   images_up
-  containerd_up
+  containerd_up "$CTRD_DIR"
+  fetch_containerd2
+  containerd_up "$CTRD2_DIR" "$CTRD2_BIN"
 }
 
 stop_pidfile() {
@@ -301,6 +347,7 @@ kill_shims() {
 down() {
   # Shims the tests left behind belong to this containerd: they name its socket.
   kill_shims "containerd-shim.*-address $CTRD_SOCK"
+  kill_shims "containerd-shim.*-address $CTRD2_SOCK"
   kill_shims "containerd-shim.*-address $CRI_CTRD_SOCK"
   stop_pidfile "$CRI_CTRD_DIR/pid"
   ip link del cribench0 2>/dev/null || true
@@ -308,6 +355,7 @@ down() {
   pkill -9 -f "containerd --config $TB/private/" 2>/dev/null || true
   kill_shims "containerd-shim.*-address $TB/private/"
   stop_pidfile "$CTRD_DIR/pid"
+  stop_pidfile "$CTRD2_DIR/pid"
   stop_pidfile "$TB/registry/pid"
   stop_pidfile "$TB/auth-registry/pid"
   # Snapshot and shm mounts below the test bed would keep its files busy.
@@ -315,14 +363,23 @@ down() {
   for m in $(awk -v tb="$TB/" 'index($2, tb) == 1 {print $2}' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
-  rm -rf "$CTRD_DIR" "$CRI_CTRD_DIR" "$TB/registry" "$TB/auth-registry" "$TB/private"
+  rm -rf "$CTRD_DIR" "$CTRD2_DIR" "$CRI_CTRD_DIR" "$TB/registry" "$TB/auth-registry" "$TB/private"
   log "stopped"
 }
 
+# $1: which containerd the tests use: 1 (bookworm's 1.6, the default) or 2 (sid's 2.x).
 print_env() {
+  local dir=$CTRD_DIR name="containerd $(containerd --version | awk '{print $3}')"
+  if [ "${1:-1}" = 2 ]; then
+    dir=$CTRD2_DIR
+    name="containerd $("$CTRD2_BIN/containerd" --version | awk '{print $3}')"
+    # containerd, ctr and the shims the tests start come from the 2.x package.
+    echo "export PATH=$CTRD2_BIN:\$PATH"
+  fi
   cat <<ENV
-export CRIUS_TEST_CONTAINERD_ADDRESS=$CTRD_SOCK
-export CRIUS_TEST_CONTAINERD_ROOT=$CTRD_DIR/root
+export CRIUS_TEST_CONTAINERD_ADDRESS=$dir/containerd.sock
+export CRIUS_TEST_CONTAINERD_ROOT=$dir/root
+export CRIUS_TEST_CONTAINERD_NAME="$name"
 export CRIUS_TEST_REGISTRY=$REGISTRY_ADDR
 export CRIUS_TEST_REGISTRY_LOG=$TB/registry/log
 export CRIUS_TEST_AUTH_REGISTRY=$AUTH_REGISTRY_ADDR
@@ -331,17 +388,38 @@ export CRIUS_TEST_IMAGES=$LAYOUT
 ENV
 }
 
+# The integration tests against one containerd ($1: 1 or 2), in a subshell of their own.
+test_against() {
+  (
+    eval "$(print_env "$1")"
+    log "integration tests against $CRIUS_TEST_CONTAINERD_NAME"
+    if cargo test --test '*'; then
+      log "passed against $CRIUS_TEST_CONTAINERD_NAME"
+    else
+      log "FAILED against $CRIUS_TEST_CONTAINERD_NAME (its log: ${CRIUS_TEST_CONTAINERD_ADDRESS%/*}/log)"
+      return 1
+    fi
+  )
+}
+
 run_tests() {
   deps
   cd "$ROOT"
   cargo fmt --check
   cargo clippy --all-targets -- -D warnings
   cargo build --all-targets
+  # Unit tests need no test bed.
+  cargo test --lib --bins
   down
   trap down EXIT
   up
-  eval "$(print_env)"
-  cargo test
+  local failed=()
+  test_against 1 || failed+=("containerd 1.6")
+  test_against 2 || failed+=("containerd 2.x")
+  if ((${#failed[@]})); then
+    log "integration tests failed against: ${failed[*]}"
+    return 1
+  fi
 }
 
 run_benches() {
@@ -354,7 +432,7 @@ run_benches() {
   push_big_image
   push_pause_image
   cri_containerd_up
-  eval "$(print_env)"
+  eval "$(print_env 1)"
   export CRIUS_BENCH_CRI_CONTAINERD=$CRI_CTRD_SOCK CRIUS_BENCH_CONTAINERD_PID=$CTRD_DIR/pid
   export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
   # First, while the test bed's containerd holds nothing but the test images.
@@ -367,7 +445,7 @@ case "${1:-}" in
   deps) deps ;;
   up) up ;;
   down) down ;;
-  env) print_env ;;
+  env) print_env "${2:-1}" ;;
   test) run_tests ;;
   bench) run_benches ;;
   big-image) push_big_image ;;

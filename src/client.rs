@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use crate::api::{v1, v1alpha2};
 use hyper_util::rt::TokioIo;
-use k8s_cri::{v1, v1alpha2};
 use prost::Message;
 use tonic::transport::{Channel, Endpoint};
 

@@ -3,6 +3,7 @@
 //! The binary (`main.rs`) parses the command line and runs a [`server::CriService`]; the
 //! modules below are the parts it is built from. See `docs/architecture.md` for the map.
 
+pub mod api;
 pub mod client;
 pub mod cni;
 pub mod config;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::pod::{Pod, container, image, pod};
 use common::{Crius, eventually, pod_config};
-use k8s_cri::v1::{
+use crius::api::v1::{
     ContainerFilter, ContainerState, ContainerStateValue, ContainerStatusRequest, Int64Value,
     LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, Mount,
@@ -422,6 +422,9 @@ async fn removing_a_running_container_leaves_nothing() {
     let log = pod.log_path("victim");
     pod.remove(&id).await;
     pod.remove(&id).await;
+    // Stop of a removed or unknown container succeeds, as the CRI asks.
+    pod.stop(&id, 0).await;
+    pod.stop("nosuchcontainer", 0).await;
     assert!(!crius.ctr(&["containers", "ls", "-q"]).contains(&id));
     assert!(!crius.ctr(&["tasks", "ls"]).contains(&id));
     assert!(!crius.ctr(&["snapshots", "ls"]).contains(&id));

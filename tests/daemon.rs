@@ -6,12 +6,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Crius, bridge_conflist, eventually};
-use crius::client::{CriClient, CriClientV1alpha2, TtrpcCriClient};
-use k8s_cri::v1::{
+use crius::api::v1::{
     ImageFsInfoRequest, NetworkConfig, RunPodSandboxRequest, RuntimeConfigRequest, StatusRequest,
     StatusResponse, UpdateRuntimeConfigRequest, VersionRequest,
 };
-use k8s_cri::v1alpha2;
+use crius::api::v1alpha2;
+use crius::client::{CriClient, CriClientV1alpha2, TtrpcCriClient};
 use nix::sys::signal::Signal;
 
 fn condition(resp: &StatusResponse, kind: &str) -> (bool, String, String) {
@@ -84,7 +84,7 @@ async fn version_answers_over_grpc_v1_v1alpha2_and_ttrpc() {
 
     // Errors keep their code over ttrpc too.
     let err = ttrpc
-        .call::<_, k8s_cri::v1::RunPodSandboxResponse>(
+        .call::<_, crius::api::v1::RunPodSandboxResponse>(
             "runtime.v1.RuntimeService",
             "RunPodSandbox",
             &RunPodSandboxRequest::default(),
@@ -409,7 +409,7 @@ async fn rpcs_not_built_answer_unimplemented() {
         .client()
         .await
         .runtime
-        .checkpoint_container(k8s_cri::v1::CheckpointContainerRequest::default())
+        .checkpoint_container(crius::api::v1::CheckpointContainerRequest::default())
         .await
         .expect_err("not built");
     assert_eq!(err.code(), tonic::Code::Unimplemented);
@@ -434,7 +434,7 @@ async fn update_runtime_config_writes_the_conflist_template() {
     let bad = client
         .runtime
         .update_runtime_config(UpdateRuntimeConfigRequest {
-            runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+            runtime_config: Some(crius::api::v1::RuntimeConfig {
                 network_config: Some(NetworkConfig {
                     pod_cidr: "not-a-cidr".into(),
                 }),
@@ -447,7 +447,7 @@ async fn update_runtime_config_writes_the_conflist_template() {
     client
         .runtime
         .update_runtime_config(UpdateRuntimeConfigRequest {
-            runtime_config: Some(k8s_cri::v1::RuntimeConfig {
+            runtime_config: Some(crius::api::v1::RuntimeConfig {
                 network_config: Some(NetworkConfig {
                     pod_cidr: "10.77.0.0/24".into(),
                 }),
@@ -472,7 +472,7 @@ async fn update_runtime_config_writes_the_conflist_template() {
         .into_inner();
     assert_eq!(
         runtime_config.linux.unwrap().cgroup_driver,
-        k8s_cri::v1::CgroupDriver::Cgroupfs as i32
+        crius::api::v1::CgroupDriver::Cgroupfs as i32
     );
 }
 

@@ -8,12 +8,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{Crius, Testbed, eventually, push_test_image};
-use crius::client::CriClient;
-use crius::config::{RegistryAuth, RegistryHostConfig};
-use k8s_cri::v1::{
+use crius::api::v1::{
     AuthConfig, ImageFilter, ImageSpec, ImageStatusRequest, ListImagesRequest, PullImageRequest,
     RemoveImageRequest,
 };
+use crius::client::CriClient;
+use crius::config::{RegistryAuth, RegistryHostConfig};
 
 fn spec(image: &str) -> Option<ImageSpec> {
     Some(ImageSpec {
@@ -42,7 +42,7 @@ async fn pull_with(
         .map(|r| r.into_inner().image_ref)
 }
 
-async fn status(client: &mut CriClient, image: &str) -> Option<k8s_cri::v1::Image> {
+async fn status(client: &mut CriClient, image: &str) -> Option<crius::api::v1::Image> {
     client
         .image
         .image_status(ImageStatusRequest {
@@ -63,7 +63,7 @@ async fn remove(client: &mut CriClient, image: &str) {
         .expect("remove image");
 }
 
-async fn list(client: &mut CriClient) -> Vec<k8s_cri::v1::Image> {
+async fn list(client: &mut CriClient) -> Vec<crius::api::v1::Image> {
     let mut images = client
         .image
         .list_images(ListImagesRequest { filter: None })
@@ -514,25 +514,31 @@ async fn remove_image_by_tag_digest_or_id_removes_every_name_and_the_content() {
 }
 
 #[tokio::test]
-async fn the_sandbox_image_is_pinned() {
+async fn the_sandbox_image_is_pinned_and_removing_one_tag_removes_every_registrys_tags() {
     let registry = Testbed::from_env().registry;
     let alias = format!("{registry}/pinned-alias-{}:v1", std::process::id());
     push_test_image("busybox:latest", &alias);
     let sandbox = format!("{registry}/busybox:latest");
+    // The same registry by another host name: the same image under another registry's name.
+    let port = registry.rsplit(':').next().unwrap();
+    let other_registry = format!("localhost:{port}/busybox:latest");
     let sandbox_image = sandbox.clone();
     let crius = Crius::start_with(|c| c.image.sandbox_image = sandbox_image, &[]).await;
     let mut client = crius.client().await;
     let id = pull(&mut client, &sandbox).await.unwrap();
     assert_eq!(pull(&mut client, &alias).await.unwrap(), id);
-    assert!(status(&mut client, &id).await.unwrap().pinned);
-
-    remove(&mut client, &alias).await;
-    let image = status(&mut client, &id)
-        .await
-        .expect("the sandbox image stays");
+    assert_eq!(pull(&mut client, &other_registry).await.unwrap(), id);
+    let image = status(&mut client, &id).await.unwrap();
     assert!(image.pinned);
-    assert_eq!(image.repo_tags, vec![sandbox.clone()]);
-    assert!(status(&mut client, &alias).await.is_none());
+    assert_eq!(image.repo_tags.len(), 3, "{:?}", image.repo_tags);
+
+    // Removing one tag (of another registry) removes the image with all its names.
+    remove(&mut client, &other_registry).await;
+    for name in [&id, &sandbox, &alias, &other_registry] {
+        assert!(status(&mut client, name).await.is_none(), "{name} is left");
+    }
+    // No built-in pause image with a configured sandbox image: nothing at all is left.
+    assert_eq!(crius.ctr(&["images", "ls", "-q"]).trim(), "");
 }
 
 #[tokio::test]

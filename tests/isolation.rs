@@ -10,8 +10,8 @@ use std::process::Command;
 
 use common::pod::{Pod, container, pod_with};
 use common::{Crius, TestNetwork, pod_config};
-use k8s_cri::v1::security_profile::ProfileType;
-use k8s_cri::v1::{
+use crius::api::v1::security_profile::ProfileType;
+use crius::api::v1::{
     Capability, ContainerConfig, Int64Value, LinuxContainerConfig, LinuxContainerResources,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
     MountPropagation, NamespaceMode, NamespaceOption, PodSandboxConfig, SecurityProfile,

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use common::pod::{container, pod, pod_with};
 use common::{Crius, PrivateContainerd, TestNetwork, eventually, pod_config};
-use futures::StreamExt;
-use k8s_cri::v1::{
+use crius::api::v1::{
     ContainerEventResponse, ContainerEventType, ContainerState, GetEventsRequest, Mount,
     StatusRequest,
 };
+use futures::StreamExt;
 
 type Events = tonic::Streaming<ContainerEventResponse>;
 
@@ -205,7 +205,7 @@ async fn crius_rides_out_a_containerd_restart() {
         let config = pods[1].config.clone();
         let name = format!("during-gap-{attempt}");
         async move {
-            let request = k8s_cri::v1::CreateContainerRequest {
+            let request = crius::api::v1::CreateContainerRequest {
                 pod_sandbox_id: pod_id,
                 config: Some(container(&name, "busybox:latest", &["true"])),
                 sandbox_config: Some(config),
@@ -249,7 +249,20 @@ async fn crius_rides_out_a_containerd_restart() {
             crius.log()
         )
     });
-    assert_eq!(exited.exit_code, 42);
+    // containerd 1.x keeps the exited task, so its exit code survives the gap. containerd
+    // 2.x deletes, at start-up, every task whose processes have all exited (a "leaked shim"
+    // to it) without telling anyone the exit code: crius records the exit as unknown (255).
+    let expected = if common::containerd_major() >= 2 {
+        255
+    } else {
+        42
+    };
+    assert_eq!(
+        exited.exit_code,
+        expected,
+        "the exit code of the exit during the gap; crius log:\n{}",
+        crius.log()
+    );
     assert!(exited.finished_at > exited.started_at);
     for (pod, id) in pods.iter_mut().skip(1).zip(&sleepers) {
         let (status, _) = pod.status(id).await;
@@ -339,8 +352,8 @@ async fn sandbox_crash_at(point: &str, tag: u8, survives: bool) {
     let image = common::pod::image("busybox:latest");
     client
         .image
-        .pull_image(k8s_cri::v1::PullImageRequest {
-            image: Some(k8s_cri::v1::ImageSpec {
+        .pull_image(crius::api::v1::PullImageRequest {
+            image: Some(crius::api::v1::ImageSpec {
                 image: image.clone(),
                 ..Default::default()
             }),
@@ -350,7 +363,7 @@ async fn sandbox_crash_at(point: &str, tag: u8, survives: bool) {
         .expect("pull");
     let died = client
         .runtime
-        .run_pod_sandbox(k8s_cri::v1::RunPodSandboxRequest {
+        .run_pod_sandbox(crius::api::v1::RunPodSandboxRequest {
             config: Some(config.clone()),
             runtime_handler: String::new(),
         })
@@ -366,7 +379,7 @@ async fn sandbox_crash_at(point: &str, tag: u8, survives: bool) {
     let mut client = crius.client().await;
     let pods = client
         .runtime
-        .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None })
+        .list_pod_sandbox(crius::api::v1::ListPodSandboxRequest { filter: None })
         .await
         .expect("list")
         .into_inner()
@@ -375,7 +388,7 @@ async fn sandbox_crash_at(point: &str, tag: u8, survives: bool) {
         assert_eq!(pods.len(), 1, "{point}: the finished pod is kept");
         assert_eq!(
             pods[0].state,
-            k8s_cri::v1::PodSandboxState::SandboxReady as i32
+            crius::api::v1::PodSandboxState::SandboxReady as i32
         );
         let mut pod = common::pod::Pod {
             client: client.clone(),
@@ -463,7 +476,7 @@ async fn container_crash_at(point: &str, removing: bool) {
         let died = pod
             .client
             .runtime
-            .remove_container(k8s_cri::v1::RemoveContainerRequest { container_id: id })
+            .remove_container(crius::api::v1::RemoveContainerRequest { container_id: id })
             .await;
         assert!(died.is_err(), "crius should have died at {point}");
     } else {
@@ -482,7 +495,7 @@ async fn container_crash_at(point: &str, removing: bool) {
     let listed = pod
         .client
         .runtime
-        .list_containers(k8s_cri::v1::ListContainersRequest { filter: None })
+        .list_containers(crius::api::v1::ListContainersRequest { filter: None })
         .await
         .expect("list")
         .into_inner()
@@ -530,13 +543,13 @@ async fn a_crash_in_the_middle_of_remove_container_finishes_it() {
 async fn snapshot(
     client: &mut crius::client::CriClient,
 ) -> (
-    Vec<k8s_cri::v1::PodSandboxStatus>,
-    Vec<k8s_cri::v1::ContainerStatus>,
+    Vec<crius::api::v1::PodSandboxStatus>,
+    Vec<crius::api::v1::ContainerStatus>,
 ) {
     let mut pods = Vec::new();
     let items = client
         .runtime
-        .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None })
+        .list_pod_sandbox(crius::api::v1::ListPodSandboxRequest { filter: None })
         .await
         .expect("list pods")
         .into_inner()
@@ -544,7 +557,7 @@ async fn snapshot(
     for item in items {
         let status = client
             .runtime
-            .pod_sandbox_status(k8s_cri::v1::PodSandboxStatusRequest {
+            .pod_sandbox_status(crius::api::v1::PodSandboxStatusRequest {
                 pod_sandbox_id: item.id,
                 verbose: false,
             })
@@ -559,7 +572,7 @@ async fn snapshot(
     let mut containers = Vec::new();
     let items = client
         .runtime
-        .list_containers(k8s_cri::v1::ListContainersRequest { filter: None })
+        .list_containers(crius::api::v1::ListContainersRequest { filter: None })
         .await
         .expect("list containers")
         .into_inner()
@@ -567,7 +580,7 @@ async fn snapshot(
     for item in items {
         let status = client
             .runtime
-            .container_status(k8s_cri::v1::ContainerStatusRequest {
+            .container_status(crius::api::v1::ContainerStatusRequest {
                 container_id: item.id,
                 verbose: false,
             })
@@ -721,7 +734,7 @@ async fn ten_pods_come_back_identical_after_crius_is_killed() {
     assert_eq!(out, "exec-works\n");
     let url = client
         .runtime
-        .attach(k8s_cri::v1::AttachRequest {
+        .attach(crius::api::v1::AttachRequest {
             container_id: attachable.clone(),
             stdin: true,
             stdout: true,

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{Crius, TestNetwork, pod_config};
-use crius::client::CriClient;
-use k8s_cri::v1::{
+use crius::api::v1::{
     DnsConfig, ImageSpec, ImageStatusRequest, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
     ListPodSandboxRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxFilter,
     PodSandboxState, PodSandboxStateValue, PodSandboxStatusRequest, PortMapping,
     RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
 };
+use crius::client::CriClient;
 
 async fn run(client: &mut CriClient, config: PodSandboxConfig) -> Result<String, tonic::Status> {
     client
@@ -53,7 +53,7 @@ async fn remove(client: &mut CriClient, id: &str) {
 async fn sandbox_status(
     client: &mut CriClient,
     id: &str,
-) -> (k8s_cri::v1::PodSandboxStatus, serde_json::Value) {
+) -> (crius::api::v1::PodSandboxStatus, serde_json::Value) {
     let resp = client
         .runtime
         .pod_sandbox_status(PodSandboxStatusRequest {
@@ -256,7 +256,7 @@ async fn port_mappings_are_installed_and_removed_on_stop() {
     let mut client = crius.client().await;
     let mut config = pod_config("ports");
     config.port_mappings = vec![PortMapping {
-        protocol: k8s_cri::v1::Protocol::Tcp as i32,
+        protocol: crius::api::v1::Protocol::Tcp as i32,
         container_port: 80,
         host_port: 18090,
         host_ip: String::new(),
@@ -321,16 +321,25 @@ async fn stop_and_remove_are_idempotent_and_leave_nothing() {
     remove(&mut client, &id).await;
     assert_no_trace(&crius, &id, &netns, &network);
 
-    // Unknown IDs: Stop is NOT_FOUND, Remove succeeds.
+    // Unknown IDs: Stop and Remove both succeed (the CRI makes them idempotent), and a
+    // second Stop and Remove of the removed sandbox too.
+    for unknown in ["nosuchsandbox", id.as_str()] {
+        client
+            .runtime
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: unknown.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("stop of unknown sandbox {unknown}: {e}"));
+        remove(&mut client, unknown).await;
+    }
+    // An empty ID is still malformed.
     let err = client
         .runtime
-        .stop_pod_sandbox(StopPodSandboxRequest {
-            pod_sandbox_id: "nosuchsandbox".into(),
-        })
+        .stop_pod_sandbox(StopPodSandboxRequest::default())
         .await
         .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::NotFound);
-    remove(&mut client, "nosuchsandbox").await;
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
 }
 
 #[tokio::test]

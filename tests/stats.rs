@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::pod::{Pod, container, pod, pod_with};
 use common::{Crius, TestNetwork, pod_config};
-use k8s_cri::v1::{
+use crius::api::v1::{
     ContainerStats, ContainerStatsFilter, ContainerStatsRequest, ListContainerStatsRequest,
     ListPodSandboxStatsRequest, PodSandboxStatsFilter, PodSandboxStatsRequest,
 };
@@ -195,7 +195,7 @@ async fn pod_stats_count_network_traffic_processes_and_containers() {
     let status = pod
         .client
         .runtime
-        .pod_sandbox_status(k8s_cri::v1::PodSandboxStatusRequest {
+        .pod_sandbox_status(crius::api::v1::PodSandboxStatusRequest {
             pod_sandbox_id: pod.id.clone(),
             verbose: false,
         })
@@ -366,8 +366,8 @@ async fn a_pod_with_its_own_cgroup_reports_that_cgroup() {
         .get_or_insert_with(Default::default)
         .security_context
         .get_or_insert_with(Default::default)
-        .namespace_options = Some(k8s_cri::v1::NamespaceOption {
-        network: k8s_cri::v1::NamespaceMode::Node as i32,
+        .namespace_options = Some(crius::api::v1::NamespaceOption {
+        network: crius::api::v1::NamespaceMode::Node as i32,
         ..Default::default()
     });
     let mut pod = pod_with(&crius, config).await;
@@ -428,7 +428,7 @@ async fn cri_metrics_describe_and_report_cpu_memory_and_network() {
     let descriptors = pod
         .client
         .runtime
-        .list_metric_descriptors(k8s_cri::v1::ListMetricDescriptorsRequest {})
+        .list_metric_descriptors(crius::api::v1::ListMetricDescriptorsRequest {})
         .await
         .expect("ListMetricDescriptors")
         .into_inner()
@@ -447,7 +447,7 @@ async fn cri_metrics_describe_and_report_cpu_memory_and_network() {
     let pods = pod
         .client
         .runtime
-        .list_pod_sandbox_metrics(k8s_cri::v1::ListPodSandboxMetricsRequest {})
+        .list_pod_sandbox_metrics(crius::api::v1::ListPodSandboxMetricsRequest {})
         .await
         .expect("ListPodSandboxMetrics")
         .into_inner()

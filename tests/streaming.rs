@@ -10,8 +10,8 @@ use common::streams::{
     SessionInput, SpdyClient, WsMessage, forward_once, spdy_session, websocket, ws_collect,
 };
 use common::{Crius, TestNetwork, eventually, pod_config};
+use crius::api::v1::{AttachRequest, ExecRequest, PortForwardRequest, StatusRequest};
 use futures::SinkExt;
-use k8s_cri::v1::{AttachRequest, ExecRequest, PortForwardRequest, StatusRequest};
 use tonic::Code;
 
 const SLEEP: &[&str] = &["sleep", "1000"];
@@ -238,7 +238,7 @@ async fn stream_rpcs_validate_their_requests() {
     let crius = Crius::start().await;
     let (mut pod, id) = sleeper(&crius, "stream-rpcs").await;
     let mut client = crius.client().await;
-    let code = |r: Result<tonic::Response<k8s_cri::v1::ExecResponse>, tonic::Status>| {
+    let code = |r: Result<tonic::Response<crius::api::v1::ExecResponse>, tonic::Status>| {
         r.expect_err("refused").code()
     };
     let tty_and_stderr = ExecRequest {

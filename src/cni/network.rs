@@ -630,16 +630,16 @@ async fn run_plugin(
 }
 
 /// The capability args (CNI `runtimeConfig`) for a pod.
-pub fn capability_args(config: &k8s_cri::v1::PodSandboxConfig) -> Map<String, Value> {
+pub fn capability_args(config: &crate::api::v1::PodSandboxConfig) -> Map<String, Value> {
     let mut caps = Map::new();
     let ports: Vec<Value> = config
         .port_mappings
         .iter()
         .filter(|p| p.host_port > 0)
         .map(|p| {
-            let protocol = match k8s_cri::v1::Protocol::try_from(p.protocol) {
-                Ok(k8s_cri::v1::Protocol::Udp) => "udp",
-                Ok(k8s_cri::v1::Protocol::Sctp) => "sctp",
+            let protocol = match crate::api::v1::Protocol::try_from(p.protocol) {
+                Ok(crate::api::v1::Protocol::Udp) => "udp",
+                Ok(crate::api::v1::Protocol::Sctp) => "sctp",
                 _ => "tcp",
             };
             json!({
@@ -745,15 +745,15 @@ mod tests {
 
     #[test]
     fn capability_args_from_pod_config() {
-        let config = k8s_cri::v1::PodSandboxConfig {
+        let config = crate::api::v1::PodSandboxConfig {
             port_mappings: vec![
-                k8s_cri::v1::PortMapping {
-                    protocol: k8s_cri::v1::Protocol::Udp as i32,
+                crate::api::v1::PortMapping {
+                    protocol: crate::api::v1::Protocol::Udp as i32,
                     container_port: 53,
                     host_port: 5353,
                     host_ip: String::new(),
                 },
-                k8s_cri::v1::PortMapping {
+                crate::api::v1::PortMapping {
                     container_port: 80,
                     ..Default::default()
                 },

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_cri::v1::ContainerState as CriState;
+use crate::api::v1::ContainerState as CriState;
 use tonic::Status;
 
 use super::sandbox::internal;
@@ -63,6 +63,13 @@ fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
     } else {
         "Error"
     }
+}
+
+/// A stop signal as the CRI's `Signal` enum (for `ContainerStatus.stop_signal`).
+pub fn cri_stop_signal(name: &str) -> crate::api::v1::Signal {
+    let signal = stop_signal(name);
+    crate::api::v1::Signal::from_str_name(signal.as_str())
+        .unwrap_or(crate::api::v1::Signal::Sigterm)
 }
 
 /// The signal number for an image's stop signal (`SIGTERM`, `TERM`, `15`); SIGTERM when
@@ -135,7 +142,7 @@ impl CriService {
         self.emit_container_event(
             container.id(),
             &container.metadata.sandbox_id,
-            k8s_cri::v1::ContainerEventType::ContainerStoppedEvent,
+            crate::api::v1::ContainerEventType::ContainerStoppedEvent,
         );
         if let Err(e) = self.containerd.delete_task(container.id()).await {
             tracing::warn!(container = %container.id(), error = %e, "deleting the exited task failed");
@@ -227,7 +234,7 @@ impl CriService {
         self.emit_container_event(
             &id,
             &container.metadata.sandbox_id,
-            k8s_cri::v1::ContainerEventType::ContainerDeletedEvent,
+            crate::api::v1::ContainerEventType::ContainerDeletedEvent,
         );
         Ok(())
     }
@@ -237,6 +244,15 @@ impl CriService {
 mod tests {
     use super::*;
     use nix::sys::signal::Signal;
+
+    #[test]
+    fn stop_signals_as_the_cri_enum() {
+        use crate::api::v1::Signal as Cri;
+        assert_eq!(cri_stop_signal(""), Cri::Sigterm);
+        assert_eq!(cri_stop_signal("SIGUSR1"), Cri::Sigusr1);
+        assert_eq!(cri_stop_signal("9"), Cri::Sigkill);
+        assert_eq!(cri_stop_signal("rtmin+3"), Cri::Sigterm);
+    }
 
     #[test]
     fn stop_signals_by_name_and_number() {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::api::v1::{CreateContainerRequest, CreateContainerResponse};
 use containerd_client::services::v1::Container as ContainerRecord;
-use k8s_cri::v1::{CreateContainerRequest, CreateContainerResponse};
 use tonic::Status;
 
 use super::container::metadata_extension;
@@ -25,14 +25,14 @@ use crate::undo::Undo;
 
 impl CriService {
     /// The pid of the container named as PID namespace target, when the mode is TARGET.
-    fn target_pid(&self, config: &k8s_cri::v1::ContainerConfig) -> Result<Option<u32>, Status> {
+    fn target_pid(&self, config: &crate::api::v1::ContainerConfig) -> Result<Option<u32>, Status> {
         let ns = config
             .linux
             .as_ref()
             .and_then(|l| l.security_context.as_ref())
             .and_then(|s| s.namespace_options.as_ref());
         match ns {
-            Some(ns) if ns.pid == k8s_cri::v1::NamespaceMode::Target as i32 => {
+            Some(ns) if ns.pid == crate::api::v1::NamespaceMode::Target as i32 => {
                 let target = self.find_container(&ns.target_id)?.ok_or_else(|| {
                     Status::not_found(format!("PID namespace target {:?} not found", ns.target_id))
                 })?;
@@ -161,7 +161,7 @@ impl CriService {
                 };
                 let files = AccountFiles::from_layers(&rootfs_layers(&mounts));
                 let strict = security.supplemental_groups_policy
-                    == k8s_cri::v1::SupplementalGroupsPolicy::Strict as i32;
+                    == crate::api::v1::SupplementalGroupsPolicy::Strict as i32;
                 let user = resolve_with_policy(
                     &user_string,
                     &files,
@@ -227,7 +227,12 @@ impl CriService {
                     image_ref: image.id.clone(),
                     image_name: image_text.clone(),
                     log_path,
-                    stop_signal: image.config.config.stop_signal.clone(),
+                    stop_signal: effective_stop_signal(&config, &image.config.config.stop_signal),
+                    user: Some(crate::api::v1::LinuxContainerUser {
+                        uid: user.uid.into(),
+                        gid: user.gid.into(),
+                        supplemental_groups: user.additional_gids.iter().map(|&g| g.into()).collect(),
+                    }),
                     created_at: unix_nanos(SystemTime::now()),
                     cgroups_path: spec
                         .linux()
@@ -288,7 +293,7 @@ impl CriService {
             self.emit_container_event(
                 &id,
                 &metadata.sandbox_id,
-                k8s_cri::v1::ContainerEventType::ContainerCreatedEvent,
+                crate::api::v1::ContainerEventType::ContainerCreatedEvent,
             );
             Ok::<(), Status>(())
         }
@@ -304,5 +309,14 @@ impl CriService {
                 Err(e)
             }
         }
+    }
+}
+
+/// The container config's stop signal wins over the image's (`STOPSIGNAL`).
+fn effective_stop_signal(config: &crate::api::v1::ContainerConfig, image_signal: &str) -> String {
+    use crate::api::v1::Signal;
+    match Signal::try_from(config.stop_signal) {
+        Ok(Signal::RuntimeDefault) | Err(_) => image_signal.to_string(),
+        Ok(signal) => signal.as_str_name().to_string(),
     }
 }

@@ -4,8 +4,8 @@
 //! broadcast: a subscriber that falls behind loses the oldest events (logged) and never
 //! slows the service down.
 
+use crate::api::v1::{ContainerEventResponse, ContainerEventType, GetEventsRequest};
 use futures::StreamExt;
-use k8s_cri::v1::{ContainerEventResponse, ContainerEventType, GetEventsRequest};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;

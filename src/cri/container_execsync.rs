@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_cri::v1::{ExecSyncRequest, ExecSyncResponse};
+use crate::api::v1::{ExecSyncRequest, ExecSyncResponse};
 use tonic::Status;
 
 use crate::io::{CapturedOutput, ExecIo};

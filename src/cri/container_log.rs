@@ -1,6 +1,6 @@
 //! `ReopenContainerLog`: kubelet rotated the log file away; write to a new one.
 
-use k8s_cri::v1::{ReopenContainerLogRequest, ReopenContainerLogResponse};
+use crate::api::v1::{ReopenContainerLogRequest, ReopenContainerLogResponse};
 use tonic::Status;
 
 use crate::server::CriService;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_cri::v1::{RemoveContainerRequest, RemoveContainerResponse};
+use crate::api::v1::{RemoveContainerRequest, RemoveContainerResponse};
 use tonic::Status;
 
 use crate::server::CriService;

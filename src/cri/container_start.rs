@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use k8s_cri::v1::{StartContainerRequest, StartContainerResponse};
+use crate::api::v1::{StartContainerRequest, StartContainerResponse};
 use tonic::Status;
 
 use super::container::{START_ERROR_EXIT_CODE, START_ERROR_REASON};
@@ -51,7 +51,7 @@ impl CriService {
                 self.emit_container_event(
                     &id,
                     &container.metadata.sandbox_id,
-                    k8s_cri::v1::ContainerEventType::ContainerStartedEvent,
+                    crate::api::v1::ContainerEventType::ContainerStartedEvent,
                 );
                 Ok(StartContainerResponse {})
             }

@@ -3,14 +3,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     Container as CriContainer, ContainerResources, ContainerStatus as CriStatus,
-    ContainerStatusRequest, ContainerStatusResponse, ImageSpec, ListContainersRequest,
-    ListContainersResponse,
+    ContainerStatusRequest, ContainerStatusResponse, ContainerUser, ImageSpec,
+    ListContainersRequest, ListContainersResponse,
 };
 use tonic::Status;
 
-use super::container::cri_state;
+use super::container::{cri_state, cri_stop_signal};
 use super::sandbox_status::labels_match;
 use crate::server::CriService;
 use crate::store::Container;
@@ -75,7 +75,11 @@ impl CriService {
                 windows: None,
             }),
             image_id: metadata.image_ref.clone(),
-            ..Default::default()
+            user: metadata
+                .user
+                .clone()
+                .map(|linux| ContainerUser { linux: Some(linux) }),
+            stop_signal: cri_stop_signal(&metadata.stop_signal) as i32,
         }
     }
 

@@ -1,9 +1,9 @@
 //! `StopContainer`: the image's stop signal, up to the timeout, then SIGKILL. A container
-//! that is not running is stopped already.
+//! that is not running, or not there, is stopped already.
 
 use std::time::Duration;
 
-use k8s_cri::v1::{StopContainerRequest, StopContainerResponse};
+use crate::api::v1::{StopContainerRequest, StopContainerResponse};
 use tonic::Status;
 
 use crate::server::CriService;
@@ -13,7 +13,10 @@ impl CriService {
         &self,
         req: StopContainerRequest,
     ) -> Result<StopContainerResponse, Status> {
-        let container = self.require_container(&req.container_id)?;
+        // Stopping what is not there succeeds: kubelet retries and races with removal.
+        let Some(container) = self.find_container(&req.container_id)? else {
+            return Ok(StopContainerResponse {});
+        };
         let timeout = Duration::from_secs(u64::try_from(req.timeout).unwrap_or(0));
         self.stop_container_process(&container, timeout).await?;
         tracing::info!(container = %container.id(), "container stopped");

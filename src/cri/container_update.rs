@@ -1,7 +1,7 @@
 //! `UpdateContainerResources`: new cgroup limits for a running task, kept in the stored
 //! spec and metadata so they survive a restart of the container or of crius.
 
-use k8s_cri::v1::{UpdateContainerResourcesRequest, UpdateContainerResourcesResponse};
+use crate::api::v1::{UpdateContainerResourcesRequest, UpdateContainerResourcesResponse};
 use tonic::Status;
 
 use super::container::metadata_extension;

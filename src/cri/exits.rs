@@ -20,6 +20,7 @@ impl TaskExitHandler for CriService {
         if event.id != event.container_id {
             return;
         }
+        tracing::debug!(container = %event.container_id, code = event.exit_status, "task exit event");
         if let Ok(Some(container)) = self.containers.get(&event.container_id)
             && container.id() == event.container_id
         {
@@ -60,7 +61,7 @@ impl TaskExitHandler for CriService {
             self.emit_container_event(
                 &event.container_id,
                 &event.container_id,
-                k8s_cri::v1::ContainerEventType::ContainerStoppedEvent,
+                crate::api::v1::ContainerEventType::ContainerStoppedEvent,
             );
         }
         // Deleting the task may wait on the shim: do it off the event loop, and not while a
@@ -97,7 +98,9 @@ impl TaskExitHandler for CriService {
             if container.status().state != ContainerState::Running {
                 continue;
             }
-            match self.containerd.task_state(container.id()).await {
+            let state = self.containerd.task_state(container.id()).await;
+            tracing::debug!(container = %container.id(), ?state, "re-checked task");
+            match state {
                 Ok(Some(task)) if task.status == ProcessStatus::Running => {}
                 Ok(Some(task)) => {
                     let (code, at) = task

@@ -1,6 +1,6 @@
 //! `ImageFsInfo`: usage of the snapshotter's directory below containerd's root.
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     FilesystemIdentifier, FilesystemUsage, ImageFsInfoRequest, ImageFsInfoResponse, UInt64Value,
 };
 use tonic::Status;

@@ -1,6 +1,6 @@
 //! `PullImage`.
 
-use k8s_cri::v1::{AuthConfig, PullImageRequest, PullImageResponse};
+use crate::api::v1::{AuthConfig, PullImageRequest, PullImageResponse};
 use tonic::Status;
 
 use crate::image::auth::Credentials;

@@ -1,10 +1,9 @@
-//! `RemoveImage`: removes every name of the image (a pinned image keeps its pinned names
-//! when asked to remove another name) and lets containerd collect the content.
+//! `RemoveImage`: removes the image with every name it has (tags, digests, its ID) and lets
+//! containerd collect the content. An image that is not there is removed already.
 
-use k8s_cri::v1::{RemoveImageRequest, RemoveImageResponse};
+use crate::api::v1::{RemoveImageRequest, RemoveImageResponse};
 use tonic::Status;
 
-use crate::image::reference::Reference;
 use crate::server::CriService;
 
 impl CriService {
@@ -19,21 +18,9 @@ impl CriService {
         let Some(image) = self.images.resolve(&text) else {
             return Ok(RemoveImageResponse {});
         };
-        let named = if image.references.contains(&text) {
-            Some(text.clone())
-        } else {
-            Reference::parse(&text)
-                .ok()
-                .map(|r| r.to_string())
-                .filter(|r| image.references.contains(r))
-        };
-        let names: Vec<String> = match named {
-            // Removing one name of the sandbox image must not take the image away.
-            Some(name) if self.is_pinned(&image) && !self.pinned_images.contains(&name) => {
-                vec![name]
-            }
-            _ => image.references.iter().cloned().collect(),
-        };
+        // Any of its names, digests or its ID removes the image with every name, as
+        // containerd's CRI does (kubelet removes an image once, by whichever name it has).
+        let names: Vec<String> = image.references.iter().cloned().collect();
         let last = names.len().saturating_sub(1);
         for (i, name) in names.iter().enumerate() {
             // The last delete collects garbage synchronously, so the content is gone on return.

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     Image as CriImage, ImageSpec, ImageStatusRequest, ImageStatusResponse, Int64Value,
     ListImagesRequest, ListImagesResponse,
 };

@@ -2,7 +2,7 @@
 //! can serve instead of cAdvisor's. The names and meanings are cAdvisor's for CPU, memory,
 //! the writable layer and network; values are whole units, as the CRI's integers allow.
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     ContainerMetrics, ContainerStats, ListMetricDescriptorsRequest, ListMetricDescriptorsResponse,
     ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse, Metric, MetricDescriptor,
     MetricType, PodSandboxMetrics, UInt64Value,
@@ -238,7 +238,7 @@ impl CriService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_cri::v1::{CpuUsage, MemoryUsage};
+    use crate::api::v1::{CpuUsage, MemoryUsage};
 
     #[test]
     fn container_metrics_carry_labels_and_whole_units() {
@@ -249,6 +249,7 @@ mod tests {
                     value: 3_500_000_000,
                 }),
                 usage_nano_cores: None,
+                psi: None,
             }),
             memory: Some(MemoryUsage {
                 timestamp: 7,

@@ -2,7 +2,7 @@
 //! client sees exactly what is missing instead of a fake success. Entries leave this file as
 //! their capability lands in its own module.
 
-use k8s_cri::v1::*;
+use crate::api::v1::*;
 use tonic::Status;
 
 use crate::server::CriService;

@@ -1,7 +1,7 @@
 //! `UpdateRuntimeConfig` (the pod CIDR, and a conflist from the conf template) and
 //! `RuntimeConfig` (the cgroup driver).
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     CgroupDriver, LinuxRuntimeConfiguration, RuntimeConfigRequest, RuntimeConfigResponse,
     UpdateRuntimeConfigRequest, UpdateRuntimeConfigResponse,
 };

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_cri::v1::{DnsConfig, NamespaceMode, PodSandboxConfig};
+use crate::api::v1::{DnsConfig, NamespaceMode, PodSandboxConfig};
 use nix::mount::{MntFlags, MsFlags};
 use tonic::Status;
 
@@ -46,7 +46,7 @@ pub fn is_host_ipc(config: &PodSandboxConfig) -> bool {
 
 fn namespace_mode(
     config: &PodSandboxConfig,
-    pick: impl Fn(&k8s_cri::v1::NamespaceOption) -> i32,
+    pick: impl Fn(&crate::api::v1::NamespaceOption) -> i32,
 ) -> i32 {
     config
         .linux
@@ -263,7 +263,7 @@ impl CriService {
             self.emit_container_event(
                 &id,
                 &id,
-                k8s_cri::v1::ContainerEventType::ContainerStoppedEvent,
+                crate::api::v1::ContainerEventType::ContainerStoppedEvent,
             );
         }
         if !metadata.netns_path.is_empty() && !sandbox.status().network_released {

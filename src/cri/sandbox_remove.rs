@@ -1,7 +1,7 @@
 //! `RemovePodSandbox`: stop it if needed, then delete its task, containerd container,
 //! snapshot, directories and netns, and release its name. An unknown ID is not an error.
 
-use k8s_cri::v1::{RemovePodSandboxRequest, RemovePodSandboxResponse};
+use crate::api::v1::{RemovePodSandboxRequest, RemovePodSandboxResponse};
 use tonic::Status;
 
 use super::sandbox::internal;
@@ -26,7 +26,7 @@ impl CriService {
         self.emit_container_event(
             &id,
             &id,
-            k8s_cri::v1::ContainerEventType::ContainerDeletedEvent,
+            crate::api::v1::ContainerEventType::ContainerDeletedEvent,
         );
         tracing::info!(sandbox = %id, "pod sandbox removed");
         Ok(RemovePodSandboxResponse {})

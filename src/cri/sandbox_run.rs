@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::api::v1::{PodSandboxConfig, RunPodSandboxRequest, RunPodSandboxResponse};
 use containerd_client::services::v1::Container;
-use k8s_cri::v1::{PodSandboxConfig, RunPodSandboxRequest, RunPodSandboxResponse};
 use tonic::Status;
 
 use super::sandbox::NETNS_NOTE;
@@ -282,8 +282,8 @@ impl CriService {
         self.mark_sandbox_started(id)?;
         tracing::info!(sandbox = %id, name, pid, ips = ?sandbox.metadata().ips, "pod sandbox running");
         for kind in [
-            k8s_cri::v1::ContainerEventType::ContainerCreatedEvent,
-            k8s_cri::v1::ContainerEventType::ContainerStartedEvent,
+            crate::api::v1::ContainerEventType::ContainerCreatedEvent,
+            crate::api::v1::ContainerEventType::ContainerStartedEvent,
         ] {
             self.emit_container_event(id, id, kind);
         }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     LinuxPodSandboxStatus, ListPodSandboxRequest, ListPodSandboxResponse, Namespace, PodIp,
     PodSandbox, PodSandboxNetworkStatus, PodSandboxState as CriState, PodSandboxStatus,
     PodSandboxStatusRequest, PodSandboxStatusResponse,

@@ -1,7 +1,8 @@
 //! `StopPodSandbox`: stop the pod's task, tear down its network (from the cached CNI result,
-//! also when the netns is gone), unmount its /dev/shm and remove its netns. Idempotent.
+//! also when the netns is gone), unmount its /dev/shm and remove its netns. Idempotent, and
+//! an unknown ID succeeds.
 
-use k8s_cri::v1::{StopPodSandboxRequest, StopPodSandboxResponse};
+use crate::api::v1::{StopPodSandboxRequest, StopPodSandboxResponse};
 use tonic::Status;
 
 use crate::server::CriService;
@@ -11,9 +12,10 @@ impl CriService {
         &self,
         req: StopPodSandboxRequest,
     ) -> Result<StopPodSandboxResponse, Status> {
-        let sandbox = self.find_sandbox(&req.pod_sandbox_id)?.ok_or_else(|| {
-            Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
-        })?;
+        // The CRI makes Stop idempotent: a sandbox that is gone has nothing left to reclaim.
+        let Some(sandbox) = self.find_sandbox(&req.pod_sandbox_id)? else {
+            return Ok(StopPodSandboxResponse {});
+        };
         let _lifecycle = sandbox.lifecycle.lock().await;
         self.stop_sandbox(&sandbox).await?;
         tracing::info!(sandbox = %sandbox.id(), "pod sandbox stopped");

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     ContainerAttributes, ContainerStats, ContainerStatsRequest, ContainerStatsResponse, CpuUsage,
     FilesystemIdentifier, FilesystemUsage, LinuxPodSandboxStats, ListContainerStatsRequest,
     ListContainerStatsResponse, ListPodSandboxStatsRequest, ListPodSandboxStatsResponse,
@@ -228,6 +228,8 @@ impl CriService {
             swap: usage
                 .and_then(|u| u.memory.as_ref())
                 .and_then(|m| swap_usage(m, now)),
+            // Needs cgroup v2's io.stat; absent rather than zero.
+            io: None,
         }
     }
 
@@ -240,6 +242,8 @@ impl CriService {
                 .cpu_rates
                 .sample(id, now, total)
                 .map(|v| UInt64Value { value: v }),
+            // Pressure stall information needs cgroup v2; absent rather than zero.
+            psi: None,
         })
     }
 
@@ -322,6 +326,7 @@ impl CriService {
                         process_count: value(count),
                     }),
                 containers: containers.into_iter().map(|c| c.stats).collect(),
+                io: None,
             }),
             windows: None,
         }
@@ -379,6 +384,7 @@ fn memory_usage(memory: &MemoryUsage, now: i64) -> CriMemoryUsage {
         rss_bytes: value(memory.rss),
         page_faults: value(memory.page_faults),
         major_page_faults: value(memory.major_page_faults),
+        psi: None,
     }
 }
 

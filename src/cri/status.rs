@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_cri::v1::{
+use crate::api::v1::{
     RuntimeCondition, RuntimeFeatures, RuntimeHandler, RuntimeHandlerFeatures, RuntimeStatus,
     StatusRequest, StatusResponse,
 };
@@ -61,7 +61,9 @@ impl CriService {
             info,
             runtime_handlers: self.runtime_handlers(),
             features: Some(RuntimeFeatures {
-                supplemental_groups_policy: false,
+                // Merge and Strict are both applied (container_create).
+                supplemental_groups_policy: true,
+                user_namespaces_host_network: false,
             }),
         })
     }
@@ -78,13 +80,27 @@ impl CriService {
 
     /// The configured runtime handlers; the default one is also listed under "".
     fn runtime_handlers(&self) -> Vec<RuntimeHandler> {
-        let features = Some(RuntimeHandlerFeatures {
-            recursive_read_only_mounts: false,
-            user_namespaces: false,
-        });
         std::iter::once(String::new())
             .chain(self.config.containerd.runtimes.keys().cloned())
-            .map(|name| RuntimeHandler { name, features })
+            .map(|name| {
+                let handler = if name.is_empty() {
+                    &self.config.containerd.default_runtime
+                } else {
+                    &name
+                };
+                let probed = self
+                    .handler_features
+                    .get(handler)
+                    .copied()
+                    .unwrap_or_default();
+                RuntimeHandler {
+                    name,
+                    features: Some(RuntimeHandlerFeatures {
+                        recursive_read_only_mounts: probed.recursive_read_only_mounts,
+                        user_namespaces: false,
+                    }),
+                }
+            })
             .collect()
     }
 }

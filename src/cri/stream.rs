@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use k8s_cri::v1::{
+use crate::api::v1::{
     AttachRequest, AttachResponse, ExecRequest, ExecResponse, PortForwardRequest,
     PortForwardResponse,
 };
+use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;

@@ -1,6 +1,6 @@
 //! `Version`.
 
-use k8s_cri::v1::{VersionRequest, VersionResponse};
+use crate::api::v1::{VersionRequest, VersionResponse};
 use tonic::Status;
 
 use super::{RUNTIME_API_VERSION, RUNTIME_NAME};

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use k8s_cri::v1::LinuxContainerResources;
-use k8s_cri::v1::{ContainerConfig, MountPropagation, NamespaceMode, PodSandboxConfig};
+use crate::api::v1::LinuxContainerResources;
+use crate::api::v1::{ContainerConfig, MountPropagation, NamespaceMode, PodSandboxConfig};
 use oci_spec::runtime::{
     Capabilities, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
     LinuxDeviceCgroupBuilder, LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
@@ -260,7 +260,13 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
     let cri_env: Vec<(String, String)> = config
         .envs
         .iter()
-        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        // Env values are bytes in the CRI; the OCI spec holds strings, as Go's JSON does.
+        .map(|kv| {
+            (
+                kv.key.clone(),
+                String::from_utf8_lossy(&kv.value).into_owned(),
+            )
+        })
         .collect();
     let env = merge_env(&input.image.env.clone().unwrap_or_default(), &cri_env);
     let cwd = if !config.working_dir.is_empty() {
@@ -536,7 +542,7 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_cri::v1::{ContainerMetadata, KeyValue, Mount as CriMount};
+    use crate::api::v1::{ContainerMetadata, KeyValue, Mount as CriMount};
 
     fn image(entrypoint: &[&str], cmd: &[&str]) -> RunConfig {
         let strings = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect());

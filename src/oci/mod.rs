@@ -5,6 +5,7 @@
 
 pub mod annotations;
 pub mod container;
+pub mod features;
 pub mod seccomp;
 pub mod security;
 pub mod user;
@@ -12,7 +13,7 @@ pub mod user;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use k8s_cri::v1::{NamespaceMode, PodSandboxConfig};
+use crate::api::v1::{NamespaceMode, PodSandboxConfig};
 use oci_spec::runtime::{
     Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
     LinuxDeviceCgroupBuilder, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder,
@@ -418,7 +419,7 @@ fn glob_match(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_cri::v1::{
+    use crate::api::v1::{
         Int64Value, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceOption,
         PodSandboxMetadata,
     };

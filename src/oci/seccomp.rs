@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use k8s_cri::v1::SecurityProfile;
-use k8s_cri::v1::security_profile::ProfileType;
+use crate::api::v1::SecurityProfile;
+use crate::api::v1::security_profile::ProfileType;
 use oci_spec::runtime::{Capabilities, Capability, LinuxSeccomp};
 use serde_json::{Value, json};
 

@@ -354,11 +354,11 @@ fn apparmor_enabled() -> bool {
 /// security profile) when the kernel has AppArmor, none for unconfined or the runtime
 /// default without AppArmor; an explicit profile without AppArmor is an error.
 pub fn apparmor_profile(
-    profile: Option<&k8s_cri::v1::SecurityProfile>,
+    profile: Option<&crate::api::v1::SecurityProfile>,
     legacy: &str,
     privileged: bool,
 ) -> Result<Option<String>, SpecError> {
-    use k8s_cri::v1::security_profile::ProfileType;
+    use crate::api::v1::security_profile::ProfileType;
     let named = match profile {
         Some(p) => match ProfileType::try_from(p.profile_type) {
             Ok(ProfileType::Localhost) => Some(p.localhost_ref.clone()),

@@ -11,9 +11,10 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_cri::{v1, v1alpha2};
+use crate::api::{v1, v1alpha2};
 use prost::Message;
 use tonic::{Code, Status};
 
@@ -23,6 +24,9 @@ use super::CriService;
 pub type ContainerEventStream = Pin<
     Box<dyn futures::Stream<Item = Result<v1::ContainerEventResponse, Status>> + Send + 'static>,
 >;
+
+/// The stream type of the `Stream*` list RPCs.
+pub type ListStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The largest CRI message crius sends or accepts (containerd uses the same bound).
 pub const MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
@@ -189,6 +193,7 @@ log_ids! {
         .unwrap_or_default();
     StopPodSandboxRequest(r) => r.pod_sandbox_id.clone();
     RemovePodSandboxRequest(r) => r.pod_sandbox_id.clone();
+    UpdatePodSandboxResourcesRequest(r) => r.pod_sandbox_id.clone();
     PodSandboxStatusRequest(r) => r.pod_sandbox_id.clone();
     PodSandboxStatsRequest(r) => r.pod_sandbox_id.clone();
     PortForwardRequest(r) => r.pod_sandbox_id.clone();
@@ -231,6 +236,12 @@ no_log_ids!(
     ListImagesRequest,
     ImageFsInfoRequest,
     GetEventsRequest,
+    StreamPodSandboxesRequest,
+    StreamContainersRequest,
+    StreamContainerStatsRequest,
+    StreamPodSandboxStatsRequest,
+    StreamPodSandboxMetricsRequest,
+    StreamImagesRequest,
 );
 
 /// Calls `$m! { $($pre)* <list> }` with the unary RuntimeService RPCs: all of `v1`
@@ -242,6 +253,7 @@ macro_rules! runtime_rpcs {
             list_metric_descriptors "ListMetricDescriptors" ListMetricDescriptorsRequest ListMetricDescriptorsResponse;
             list_pod_sandbox_metrics "ListPodSandboxMetrics" ListPodSandboxMetricsRequest ListPodSandboxMetricsResponse;
             runtime_config "RuntimeConfig" RuntimeConfigRequest RuntimeConfigResponse;
+            update_pod_sandbox_resources "UpdatePodSandboxResources" UpdatePodSandboxResourcesRequest UpdatePodSandboxResourcesResponse;
         ]);
     };
     ($m:ident { $($pre:tt)* }, v1alpha2) => {
@@ -291,6 +303,25 @@ macro_rules! image_rpcs {
     };
 }
 
+/// Calls `$m! { $($pre)* <list> }` with the `Stream*` list RPCs of a `v1` service (`runtime`
+/// or `image`): method, name, request, response and the tonic stream type's name.
+macro_rules! stream_rpcs {
+    ($m:ident { $($pre:tt)* }, runtime) => {
+        $m! { $($pre)*
+            stream_pod_sandboxes "StreamPodSandboxes" StreamPodSandboxesRequest StreamPodSandboxesResponse StreamPodSandboxesStream;
+            stream_containers "StreamContainers" StreamContainersRequest StreamContainersResponse StreamContainersStream;
+            stream_container_stats "StreamContainerStats" StreamContainerStatsRequest StreamContainerStatsResponse StreamContainerStatsStream;
+            stream_pod_sandbox_stats "StreamPodSandboxStats" StreamPodSandboxStatsRequest StreamPodSandboxStatsResponse StreamPodSandboxStatsStream;
+            stream_pod_sandbox_metrics "StreamPodSandboxMetrics" StreamPodSandboxMetricsRequest StreamPodSandboxMetricsResponse StreamPodSandboxMetricsStream;
+        }
+    };
+    ($m:ident { $($pre:tt)* }, image) => {
+        $m! { $($pre)*
+            stream_images "StreamImages" StreamImagesRequest StreamImagesResponse StreamImagesStream;
+        }
+    };
+}
+
 /// The `v1` RuntimeService: every unary RPC plus the `GetContainerEvents` stream.
 macro_rules! impl_v1_runtime {
     ($($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
@@ -308,6 +339,8 @@ macro_rules! impl_v1_runtime {
                 .await
             }
 
+            stream_rpcs!(impl_list_streams {}, runtime);
+
             $(
                 async fn $name(
                     &self,
@@ -320,10 +353,46 @@ macro_rules! impl_v1_runtime {
     };
 }
 
+/// The `Stream*` methods inside a tonic service impl: the handler's messages, sent in order.
+/// Written in the shape `async_trait` gives its methods, because a macro inside the impl is
+/// expanded after `async_trait` has run.
+macro_rules! impl_list_streams {
+    ($($name:ident $rpc:literal $req:ident $resp:ident $stream:ident;)*) => {
+        $(
+            type $stream = ListStream<v1::$resp>;
+
+            fn $name<'life0, 'async_trait>(
+                &'life0 self,
+                request: tonic::Request<v1::$req>,
+            ) -> Pin<Box<
+                dyn Future<Output = Result<tonic::Response<ListStream<v1::$resp>>, Status>>
+                    + Send
+                    + 'async_trait,
+            >>
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(async move {
+                    self.unary($rpc, request, |s, r| async move {
+                        let messages = s.$name(r).await?;
+                        let stream: ListStream<v1::$resp> =
+                            Box::pin(futures::stream::iter(messages.into_iter().map(Ok)));
+                        Ok(stream)
+                    })
+                    .await
+                })
+            }
+        )*
+    };
+}
+
 macro_rules! impl_v1_image {
     ($($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
         #[tonic::async_trait]
         impl v1::image_service_server::ImageService for CriServer {
+            stream_rpcs!(impl_list_streams {}, image);
+
             $(
                 async fn $name(
                     &self,
@@ -390,6 +459,77 @@ macro_rules! impl_ttrpc_dispatch {
     };
 }
 
+/// Opens a ttrpc server stream: decodes the request as `v1`, serves it through the `v1`
+/// trait and encodes each message. Methods not in the list go to `$other`.
+macro_rules! impl_ttrpc_streams {
+    ($dispatch:ident, $methods:ident, $v1:path, $other:ident; $($name:ident $rpc:literal $req:ident $resp:ident $stream:ident;)*) => {
+        const $methods: &[&str] = &[$($rpc),*];
+
+        impl CriServer {
+            async fn $dispatch(&self, method: &str, payload: &[u8]) -> Result<EncodedStream, Status> {
+                match method {
+                    $(
+                        $rpc => {
+                            let req = v1::$req::decode(payload).map_err(|e| {
+                                Status::invalid_argument(format!("malformed {} request: {e}", $rpc))
+                            })?;
+                            let stream = <CriServer as $v1>::$name(self, tonic::Request::new(req))
+                                .await?
+                                .into_inner();
+                            Ok(encoded(stream))
+                        }
+                    )*
+                    other => self.$other(other, payload).await,
+                }
+            }
+        }
+    };
+}
+
+/// A server stream of encoded messages, as ttrpc sends them.
+type EncodedStream = Pin<Box<dyn futures::Stream<Item = Result<Vec<u8>, Status>> + Send + 'static>>;
+
+fn encoded<T: Message + 'static>(
+    stream: impl futures::Stream<Item = Result<T, Status>> + Send + 'static,
+) -> EncodedStream {
+    use futures::StreamExt;
+    Box::pin(stream.map(|item| item.map(|m| m.encode_to_vec())))
+}
+
+/// The runtime service's streams besides the lists.
+const RUNTIME_EVENT_STREAMS: &[&str] = &["GetContainerEvents"];
+
+impl CriServer {
+    async fn open_event_stream(
+        &self,
+        method: &str,
+        payload: &[u8],
+    ) -> Result<EncodedStream, Status> {
+        use v1::runtime_service_server::RuntimeService;
+        match method {
+            "GetContainerEvents" => {
+                let req = v1::GetEventsRequest::decode(payload).map_err(|e| {
+                    Status::invalid_argument(format!("malformed GetContainerEvents request: {e}"))
+                })?;
+                let stream = self
+                    .get_container_events(tonic::Request::new(req))
+                    .await?
+                    .into_inner();
+                Ok(encoded(stream))
+            }
+            other => Err(Status::unimplemented(format!("unknown stream {other}"))),
+        }
+    }
+
+    async fn no_other_stream(
+        &self,
+        method: &str,
+        _payload: &[u8],
+    ) -> Result<EncodedStream, Status> {
+        Err(Status::unimplemented(format!("unknown stream {method}")))
+    }
+}
+
 runtime_rpcs!(impl_v1_runtime {}, all);
 image_rpcs!(impl_v1_image {});
 runtime_rpcs!(impl_v1alpha2 {
@@ -406,6 +546,12 @@ runtime_rpcs!(impl_ttrpc_dispatch {
 image_rpcs!(impl_ttrpc_dispatch {
     dispatch_image, IMAGE_METHODS, v1::image_service_server::ImageService;
 });
+stream_rpcs!(impl_ttrpc_streams {
+    open_runtime_stream, RUNTIME_LIST_STREAMS, v1::runtime_service_server::RuntimeService, open_event_stream;
+}, runtime);
+stream_rpcs!(impl_ttrpc_streams {
+    open_image_stream, IMAGE_LIST_STREAMS, v1::image_service_server::ImageService, no_other_stream;
+}, image);
 
 /// The gRPC services to put on a tonic server: both API versions of both services.
 pub fn grpc_routes(server: CriServer) -> tonic::service::Routes {
@@ -459,17 +605,62 @@ impl ttrpc::r#async::MethodHandler for TtrpcMethod {
                     .await
             }
         };
-        let mut resp = ttrpc::Response::new();
         match result {
-            Ok(payload) => resp.payload = payload,
-            Err(status) => {
-                let code = <ttrpc::Code as protobuf::Enum>::from_i32(status.code() as i32)
-                    .unwrap_or(ttrpc::Code::UNKNOWN);
-                resp.status =
-                    protobuf::MessageField::some(ttrpc::get_status(code, status.message()));
+            Ok(payload) => {
+                let mut resp = ttrpc::Response::new();
+                resp.payload = payload;
+                Ok(resp)
+            }
+            Err(status) => Ok(status_response(&status)),
+        }
+    }
+}
+
+/// A ttrpc response that carries `status` with its gRPC code.
+fn status_response(status: &Status) -> ttrpc::Response {
+    let code = <ttrpc::Code as protobuf::Enum>::from_i32(status.code() as i32)
+        .unwrap_or(ttrpc::Code::UNKNOWN);
+    let mut resp = ttrpc::Response::new();
+    resp.status = protobuf::MessageField::some(ttrpc::get_status(code, status.message()));
+    resp
+}
+
+/// One ttrpc server-streaming method: the list streams and `GetContainerEvents`.
+struct TtrpcStream {
+    server: CriServer,
+    service: ApiService,
+    method: &'static str,
+}
+
+#[async_trait::async_trait]
+impl ttrpc::r#async::StreamHandler for TtrpcStream {
+    async fn handler(
+        &self,
+        _ctx: ttrpc::r#async::TtrpcContext,
+        mut inner: ttrpc::r#async::StreamInner,
+    ) -> ttrpc::Result<Option<ttrpc::Response>> {
+        use futures::StreamExt;
+        let payload = inner.recv().await?;
+        let opened = match self.service {
+            ApiService::Runtime => self.server.open_runtime_stream(self.method, &payload).await,
+            ApiService::Image => self.server.open_image_stream(self.method, &payload).await,
+        };
+        let mut stream = match opened {
+            Ok(stream) => stream,
+            Err(status) => return Ok(Some(status_response(&status))),
+        };
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(message) => {
+                    if inner.send(message).await.is_err() {
+                        // The client went away: nothing more to send it.
+                        return Ok(None);
+                    }
+                }
+                Err(status) => return Ok(Some(status_response(&status))),
             }
         }
-        Ok(resp)
+        Ok(None)
     }
 }
 
@@ -477,9 +668,19 @@ impl ttrpc::r#async::MethodHandler for TtrpcMethod {
 pub fn ttrpc_services(server: CriServer) -> HashMap<String, ttrpc::r#async::Service> {
     let mut services = HashMap::new();
     for (version, alpha) in [("v1", false), ("v1alpha2", true)] {
-        for (name, kind, methods) in [
-            ("RuntimeService", ApiService::Runtime, RUNTIME_METHODS),
-            ("ImageService", ApiService::Image, IMAGE_METHODS),
+        for (name, kind, methods, stream_lists) in [
+            (
+                "RuntimeService",
+                ApiService::Runtime,
+                RUNTIME_METHODS,
+                [RUNTIME_LIST_STREAMS, RUNTIME_EVENT_STREAMS],
+            ),
+            (
+                "ImageService",
+                ApiService::Image,
+                IMAGE_METHODS,
+                [IMAGE_LIST_STREAMS, &[]],
+            ),
         ] {
             let mut table: HashMap<String, Box<dyn ttrpc::r#async::MethodHandler + Send + Sync>> =
                 HashMap::new();
@@ -494,11 +695,26 @@ pub fn ttrpc_services(server: CriServer) -> HashMap<String, ttrpc::r#async::Serv
                     }),
                 );
             }
+            // Streams are `v1` only: `v1alpha2` had none.
+            let mut streams: HashMap<String, Arc<dyn ttrpc::r#async::StreamHandler + Send + Sync>> =
+                HashMap::new();
+            if !alpha {
+                for method in stream_lists.into_iter().flatten() {
+                    streams.insert(
+                        method.to_string(),
+                        Arc::new(TtrpcStream {
+                            server: server.clone(),
+                            service: kind,
+                            method,
+                        }),
+                    );
+                }
+            }
             services.insert(
                 format!("runtime.{version}.{name}"),
                 ttrpc::r#async::Service {
                     methods: table,
-                    streams: HashMap::new(),
+                    streams,
                 },
             );
         }
@@ -536,7 +752,12 @@ mod tests {
 
     #[test]
     fn every_v1_rpc_is_reachable_over_ttrpc() {
-        assert_eq!(RUNTIME_METHODS.len(), 28);
+        // 41 RPCs in all: unary ones, the list streams and GetContainerEvents.
+        assert_eq!(
+            RUNTIME_METHODS.len() + RUNTIME_LIST_STREAMS.len() + RUNTIME_EVENT_STREAMS.len(),
+            35
+        );
+        assert_eq!(IMAGE_METHODS.len() + IMAGE_LIST_STREAMS.len(), 6);
         assert!(RUNTIME_METHODS.contains(&"RuntimeConfig"));
         assert_eq!(IMAGE_METHODS.len(), 5);
     }

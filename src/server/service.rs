@@ -69,8 +69,10 @@ pub struct ServiceState {
     pub cpu_rates: crate::stats::CpuRates,
     /// Writable-layer usage, measured every stats collect period.
     pub layer_usages: crate::stats::LayerUsages,
+    /// What each runtime handler's OCI runtime can do, probed at start-up.
+    pub handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
     /// Container and sandbox lifecycle events for `GetContainerEvents`.
-    pub container_events: tokio::sync::broadcast::Sender<k8s_cri::v1::ContainerEventResponse>,
+    pub container_events: tokio::sync::broadcast::Sender<crate::api::v1::ContainerEventResponse>,
     /// Exec/attach/port-forward requests waiting for their client.
     pub stream_requests: Arc<crate::streaming::StreamRequests>,
     /// The stream server, once it is bound.
@@ -152,6 +154,9 @@ impl CriService {
                 "no cgroup hierarchy found in /proc/self/mountinfo: stats carry no CPU or memory"
             );
         }
+        let handler_features =
+            crate::oci::features::probe_handlers(&config.containerd.runtimes).await;
+        tracing::debug!(?handler_features, "runtime handler features");
         let stream_requests = Arc::new(crate::streaming::StreamRequests::new(
             config.stream.token_ttl,
         ));
@@ -175,6 +180,7 @@ impl CriService {
             cgroups,
             cpu_rates: Default::default(),
             layer_usages: Default::default(),
+            handler_features,
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),

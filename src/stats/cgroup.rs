@@ -73,7 +73,7 @@ impl CgroupLayout {
                 }
                 "cgroup" => {
                     for option in rest[2].split(',') {
-                        if matches!(option, "cpuacct" | "memory" | "pids") {
+                        if matches!(option, "cpu" | "cpuacct" | "memory" | "pids") {
                             controllers
                                 .entry(option.to_string())
                                 .or_insert((mount.clone(), root.clone()));
@@ -117,6 +117,107 @@ impl CgroupLayout {
             }
         }
     }
+}
+
+/// CPU and memory limits for a cgroup; `None` leaves a value as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupLimits {
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    pub memory_limit: Option<i64>,
+}
+
+impl CgroupLayout {
+    /// Writes `limits` into the existing cgroup at `relative` (v1: `cpu.shares`,
+    /// `cpu.cfs_*`, `memory.limit_in_bytes`; v2: `cpu.weight`, `cpu.max`, `memory.max`).
+    /// Blocking file I/O: call it off the async threads.
+    pub fn apply_limits(&self, relative: &Path, limits: &CgroupLimits) -> std::io::Result<()> {
+        let writes = match self {
+            Self::V2 { mount, root } => {
+                let dir = self.existing_dir(under(mount, root, relative))?;
+                v2_limit_writes(&dir, limits)
+            }
+            Self::V1 { controllers } => {
+                let dir = |controller: &str| {
+                    self.existing_dir(
+                        controllers
+                            .get(controller)
+                            .and_then(|(mount, root)| under(mount, root, relative)),
+                    )
+                };
+                let mut writes = Vec::new();
+                if limits.cpu_shares.is_some() || limits.cpu_quota.is_some() {
+                    let cpu = dir("cpu")?;
+                    if let Some(shares) = limits.cpu_shares {
+                        writes.push((cpu.join("cpu.shares"), shares.to_string()));
+                    }
+                    if let Some(period) = limits.cpu_period {
+                        writes.push((cpu.join("cpu.cfs_period_us"), period.to_string()));
+                    }
+                    if let Some(quota) = limits.cpu_quota {
+                        writes.push((cpu.join("cpu.cfs_quota_us"), quota.to_string()));
+                    }
+                }
+                if let Some(limit) = limits.memory_limit {
+                    writes.push((
+                        dir("memory")?.join("memory.limit_in_bytes"),
+                        limit.to_string(),
+                    ));
+                }
+                writes
+            }
+        };
+        for (path, value) in writes {
+            std::fs::write(&path, &value).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("writing {value} to {}: {e}", path.display()),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn existing_dir(&self, dir: Option<PathBuf>) -> std::io::Result<PathBuf> {
+        match dir {
+            Some(dir) if dir.is_dir() => Ok(dir),
+            Some(dir) => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("cgroup {} does not exist", dir.display()),
+            )),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "cgroup is outside the mounted hierarchy",
+            )),
+        }
+    }
+}
+
+/// v2 files for `limits`: shares map onto weights as runc maps them.
+fn v2_limit_writes(dir: &Path, limits: &CgroupLimits) -> Vec<(PathBuf, String)> {
+    let mut writes = Vec::new();
+    if let Some(shares) = limits.cpu_shares {
+        let weight = 1 + ((shares.clamp(2, 262_144) - 2) * 9999) / 262_142;
+        writes.push((dir.join("cpu.weight"), weight.to_string()));
+    }
+    if limits.cpu_quota.is_some() || limits.cpu_period.is_some() {
+        let quota = match limits.cpu_quota {
+            Some(q) if q > 0 => q.to_string(),
+            _ => "max".to_string(),
+        };
+        let period = limits.cpu_period.unwrap_or(100_000);
+        writes.push((dir.join("cpu.max"), format!("{quota} {period}")));
+    }
+    if let Some(limit) = limits.memory_limit {
+        let value = if limit > 0 {
+            limit.to_string()
+        } else {
+            "max".to_string()
+        };
+        writes.push((dir.join("memory.max"), value));
+    }
+    writes
 }
 
 /// The directory of `relative` (an absolute cgroup path) under a mount whose root is `root`.
@@ -314,6 +415,45 @@ mod tests {
             parent_of("/kubepods/pod1/abc"),
             PathBuf::from("/kubepods/pod1")
         );
+    }
+
+    #[test]
+    fn limits_are_written_to_v1_and_v2_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let limits = CgroupLimits {
+            cpu_shares: Some(1024),
+            cpu_quota: Some(50_000),
+            cpu_period: Some(100_000),
+            memory_limit: Some(64 << 20),
+        };
+        let v2 = CgroupLayout::V2 {
+            mount: tmp.path().join("v2"),
+            root: "/".into(),
+        };
+        std::fs::create_dir_all(tmp.path().join("v2/pod")).unwrap();
+        v2.apply_limits(Path::new("/pod"), &limits).unwrap();
+        let read = |p: &str| std::fs::read_to_string(tmp.path().join(p)).unwrap();
+        assert_eq!(read("v2/pod/cpu.max"), "50000 100000");
+        assert_eq!(read("v2/pod/cpu.weight"), "39");
+        assert_eq!(read("v2/pod/memory.max"), (64u64 << 20).to_string());
+
+        let controllers = ["cpu", "memory"]
+            .into_iter()
+            .map(|c| (c.to_string(), (tmp.path().join(c), PathBuf::from("/"))))
+            .collect();
+        let v1 = CgroupLayout::V1 { controllers };
+        std::fs::create_dir_all(tmp.path().join("cpu/pod")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("memory/pod")).unwrap();
+        v1.apply_limits(Path::new("/pod"), &limits).unwrap();
+        assert_eq!(read("cpu/pod/cpu.shares"), "1024");
+        assert_eq!(read("cpu/pod/cpu.cfs_quota_us"), "50000");
+        assert_eq!(
+            read("memory/pod/memory.limit_in_bytes"),
+            (64u64 << 20).to_string()
+        );
+
+        let missing = v1.apply_limits(Path::new("/gone"), &limits).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
     }
 
     fn write(dir: &Path, name: &str, text: &str) {

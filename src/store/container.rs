@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-use k8s_cri::v1::ContainerConfig;
+use crate::api::v1::ContainerConfig;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -28,8 +28,11 @@ pub struct ContainerMetadata {
     pub image_name: String,
     /// Empty when the pod has no log directory or the container no log path.
     pub log_path: String,
-    /// The image's stop signal (empty: SIGTERM).
+    /// The stop signal: the container config's, else the image's (empty: SIGTERM).
     pub stop_signal: String,
+    /// The uid, gid and groups its process starts with (`ContainerStatus.user`).
+    #[serde(default)]
+    pub user: Option<crate::api::v1::LinuxContainerUser>,
     /// Nanoseconds since the epoch.
     pub created_at: i64,
     /// The cgroup path in its runtime spec, where its usage is read.
@@ -90,7 +93,7 @@ pub struct Container {
     /// Serialises create/start/remove transitions.
     pub lifecycle: tokio::sync::Mutex<()>,
     /// Resources set by UpdateContainerResources since creation.
-    resources: Mutex<Option<k8s_cri::v1::LinuxContainerResources>>,
+    resources: Mutex<Option<crate::api::v1::LinuxContainerResources>>,
 }
 
 impl Container {
@@ -117,7 +120,7 @@ impl Container {
     }
 
     /// The container's cgroup resources: updated ones, else those it was created with.
-    pub fn resources(&self) -> Option<k8s_cri::v1::LinuxContainerResources> {
+    pub fn resources(&self) -> Option<crate::api::v1::LinuxContainerResources> {
         self.resources
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -131,7 +134,7 @@ impl Container {
             })
     }
 
-    pub fn set_resources(&self, resources: k8s_cri::v1::LinuxContainerResources) {
+    pub fn set_resources(&self, resources: crate::api::v1::LinuxContainerResources) {
         *self.resources.lock().unwrap_or_else(|p| p.into_inner()) = Some(resources);
     }
 
@@ -276,6 +279,7 @@ mod tests {
                 image_name: "busybox".into(),
                 log_path: String::new(),
                 stop_signal: String::new(),
+                user: None,
                 created_at: 1,
                 cgroups_path: String::new(),
             },

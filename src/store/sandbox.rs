@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use k8s_cri::v1::PodSandboxConfig;
+use crate::api::v1::PodSandboxConfig;
 use serde::{Deserialize, Serialize};
 
 use super::id_index::{IdIndex, IdLookupError};

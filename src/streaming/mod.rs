@@ -16,8 +16,8 @@ mod websocket;
 
 use std::sync::Arc;
 
+use crate::api::v1::{AttachRequest, ExecRequest, PortForwardRequest};
 use bytes::Bytes;
-use k8s_cri::v1::{AttachRequest, ExecRequest, PortForwardRequest};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

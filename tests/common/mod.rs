@@ -14,9 +14,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crius::api::v1::VersionRequest;
 use crius::client::CriClient;
 use crius::config::Config;
-use k8s_cri::v1::VersionRequest;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
@@ -53,6 +53,20 @@ impl Testbed {
             images: var("CRIUS_TEST_IMAGES").into(),
         }
     }
+}
+
+/// The major version of the containerd on the PATH (the one the test bed runs).
+pub fn containerd_major() -> u32 {
+    let out = Command::new("containerd")
+        .arg("--version")
+        .output()
+        .expect("run containerd --version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `containerd github.com/containerd/containerd/v2 2.1.9+unknown` or `... 1.6.20~ds1 ...`
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|v| v.trim_start_matches('v').split('.').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read the containerd version from {text:?}"))
 }
 
 /// A crius daemon started for one test. Killed on drop.
@@ -455,9 +469,9 @@ impl Drop for TestNetwork {
 }
 
 /// A pod sandbox config with the given name (namespace `default`, uid `<name>-uid`).
-pub fn pod_config(name: &str) -> k8s_cri::v1::PodSandboxConfig {
-    k8s_cri::v1::PodSandboxConfig {
-        metadata: Some(k8s_cri::v1::PodSandboxMetadata {
+pub fn pod_config(name: &str) -> crius::api::v1::PodSandboxConfig {
+    crius::api::v1::PodSandboxConfig {
+        metadata: Some(crius::api::v1::PodSandboxMetadata {
             name: name.to_string(),
             namespace: "default".to_string(),
             uid: format!("{name}-uid"),
@@ -465,7 +479,7 @@ pub fn pod_config(name: &str) -> k8s_cri::v1::PodSandboxConfig {
         }),
         hostname: name.to_string(),
         log_directory: format!("/tmp/crius-test-logs/{name}"),
-        linux: Some(k8s_cri::v1::LinuxPodSandboxConfig::default()),
+        linux: Some(crius::api::v1::LinuxPodSandboxConfig::default()),
         ..Default::default()
     }
 }

@@ -7,14 +7,14 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crius::client::CriClient;
-use k8s_cri::v1::{
+use crius::api::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
     CreateContainerRequest, ExecSyncRequest, ImageSpec, LinuxPodSandboxConfig,
     LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
     PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
     StartContainerRequest, StopContainerRequest,
 };
+use crius::client::CriClient;
 
 use super::{Crius, Testbed, pod_config};
 
@@ -136,7 +136,10 @@ impl Pod {
         id
     }
 
-    pub async fn status(&mut self, id: &str) -> (k8s_cri::v1::ContainerStatus, serde_json::Value) {
+    pub async fn status(
+        &mut self,
+        id: &str,
+    ) -> (crius::api::v1::ContainerStatus, serde_json::Value) {
         let resp = self
             .client
             .runtime
@@ -153,7 +156,7 @@ impl Pod {
         )
     }
 
-    pub async fn wait_exited(&mut self, id: &str) -> k8s_cri::v1::ContainerStatus {
+    pub async fn wait_exited(&mut self, id: &str) -> crius::api::v1::ContainerStatus {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let (status, _) = self.status(id).await;

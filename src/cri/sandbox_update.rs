@@ -1,0 +1,113 @@
+//! `UpdatePodSandboxResources`: kubelet tells the runtime the pod-level resources after it
+//! resized the pod cgroup (in-place pod resize). crius keeps them in the sandbox config (so
+//! status and recovery see them) and applies the CPU and memory limits to the pod cgroup,
+//! where the pod has one of its own.
+
+use std::path::PathBuf;
+
+use crate::api::v1::{
+    LinuxContainerResources, UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse,
+};
+use tonic::Status;
+
+use super::sandbox::{internal, metadata_extension};
+use crate::server::CriService;
+use crate::stats::cgroup::{CgroupLimits, parent_of};
+
+impl CriService {
+    pub async fn update_pod_sandbox_resources(
+        &self,
+        req: UpdatePodSandboxResourcesRequest,
+    ) -> Result<UpdatePodSandboxResourcesResponse, Status> {
+        let sandbox = self.find_sandbox(&req.pod_sandbox_id)?.ok_or_else(|| {
+            Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
+        })?;
+        let _lifecycle = sandbox.lifecycle.lock().await;
+        let updated = sandbox.update_metadata(|metadata| {
+            let linux = metadata.config.linux.get_or_insert_with(Default::default);
+            if req.overhead.is_some() {
+                linux.overhead = req.overhead.clone();
+            }
+            if req.resources.is_some() {
+                linux.resources = req.resources.clone();
+            }
+        });
+        self.containerd
+            .update_container_extensions(&updated.id, metadata_extension(&updated)?)
+            .await
+            .map_err(internal)?;
+
+        let has_pod_cgroup = updated
+            .config
+            .linux
+            .as_ref()
+            .is_some_and(|l| !l.cgroup_parent.is_empty());
+        if let (Some(resources), Some(layout), true) =
+            (req.resources.as_ref(), self.cgroups.clone(), has_pod_cgroup)
+        {
+            let pod_cgroup: PathBuf = parent_of(&updated.cgroups_path);
+            let limits = pod_limits(resources, req.overhead.as_ref());
+            tokio::task::spawn_blocking(move || layout.apply_limits(&pod_cgroup, &limits))
+                .await
+                .map_err(internal)?
+                .map_err(|e| {
+                    Status::internal(format!("applying resources to pod {}: {e}", updated.id))
+                })?;
+        }
+        Ok(UpdatePodSandboxResourcesResponse {})
+    }
+}
+
+/// The pod cgroup's limits: the containers' sum plus the pod overhead; zero means unset.
+fn pod_limits(
+    resources: &LinuxContainerResources,
+    overhead: Option<&LinuxContainerResources>,
+) -> CgroupLimits {
+    let extra = overhead.cloned().unwrap_or_default();
+    let positive = |v: i64| (v > 0).then_some(v);
+    CgroupLimits {
+        cpu_shares: positive(resources.cpu_shares + extra.cpu_shares).map(|v| v as u64),
+        cpu_quota: positive(resources.cpu_quota).map(|q| q + extra.cpu_quota.max(0)),
+        cpu_period: positive(resources.cpu_period).map(|v| v as u64),
+        memory_limit: positive(resources.memory_limit_in_bytes)
+            .map(|m| m + extra.memory_limit_in_bytes.max(0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overhead_adds_to_the_pod_limits_and_zero_stays_unset() {
+        let resources = LinuxContainerResources {
+            cpu_shares: 512,
+            cpu_quota: 50_000,
+            cpu_period: 100_000,
+            memory_limit_in_bytes: 100 << 20,
+            ..Default::default()
+        };
+        let overhead = LinuxContainerResources {
+            cpu_shares: 2,
+            cpu_quota: 10_000,
+            memory_limit_in_bytes: 10 << 20,
+            ..Default::default()
+        };
+        assert_eq!(
+            pod_limits(&resources, Some(&overhead)),
+            CgroupLimits {
+                cpu_shares: Some(514),
+                cpu_quota: Some(60_000),
+                cpu_period: Some(100_000),
+                memory_limit: Some(110 << 20),
+            }
+        );
+        assert_eq!(
+            pod_limits(&LinuxContainerResources::default(), Some(&overhead)),
+            CgroupLimits {
+                cpu_shares: Some(2),
+                ..Default::default()
+            }
+        );
+    }
+}
