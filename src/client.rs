@@ -109,11 +109,55 @@ impl TtrpcCriClient {
         match self.client.request(request).await {
             Ok(resp) => Resp::decode(resp.payload.as_slice())
                 .map_err(|e| tonic::Status::internal(format!("malformed response: {e}"))),
-            Err(ttrpc::Error::RpcStatus(status)) => Err(tonic::Status::new(
-                tonic::Code::from_i32(status.code.value()),
-                status.message,
-            )),
-            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+            Err(e) => Err(status_of(e)),
+        }
+    }
+
+    /// Calls the server-streaming `method` of `service` and collects its messages until the
+    /// server ends the stream.
+    pub async fn call_stream<Req: Message, Resp: Message + Default>(
+        &self,
+        service: &str,
+        method: &str,
+        req: &Req,
+    ) -> Result<Vec<Resp>, tonic::Status> {
+        let mut stream = self.open_stream(service, method, req).await?;
+        let mut messages = Vec::new();
+        while let Some(message) = Self::next_message(&mut stream).await? {
+            messages.push(message);
+        }
+        Ok(messages)
+    }
+
+    /// Opens the server-streaming `method` of `service`; read it with [`Self::next_message`].
+    pub async fn open_stream<Req: Message>(
+        &self,
+        service: &str,
+        method: &str,
+        req: &Req,
+    ) -> Result<ttrpc::r#async::StreamInner, tonic::Status> {
+        let request = ttrpc::Request {
+            service: service.to_string(),
+            method: method.to_string(),
+            payload: req.encode_to_vec(),
+            ..Default::default()
+        };
+        self.client
+            .new_stream(request, false, true)
+            .await
+            .map_err(status_of)
+    }
+
+    /// The next message of a server stream; `None` once the server has ended it.
+    pub async fn next_message<Resp: Message + Default>(
+        stream: &mut ttrpc::r#async::StreamInner,
+    ) -> Result<Option<Resp>, tonic::Status> {
+        match stream.recv().await {
+            Ok(payload) => Resp::decode(payload.as_slice())
+                .map(Some)
+                .map_err(|e| tonic::Status::internal(format!("malformed message: {e}"))),
+            Err(ttrpc::Error::Eof | ttrpc::Error::RemoteClosed) => Ok(None),
+            Err(e) => Err(status_of(e)),
         }
     }
 
@@ -125,5 +169,15 @@ impl TtrpcCriClient {
             &v1::VersionRequest::default(),
         )
         .await
+    }
+}
+
+/// A ttrpc error as the gRPC status it carries (transport failures are `UNAVAILABLE`).
+fn status_of(error: ttrpc::Error) -> tonic::Status {
+    match error {
+        ttrpc::Error::RpcStatus(status) => {
+            tonic::Status::new(tonic::Code::from_i32(status.code.value()), status.message)
+        }
+        e => tonic::Status::unavailable(e.to_string()),
     }
 }

@@ -1,0 +1,763 @@
+//! What the CRI of Kubernetes 1.36 (cri-api v0.36) adds: the list streams over gRPC and
+//! ttrpc, GetContainerEvents over ttrpc, UpdatePodSandboxResources, the features `Status`
+//! advertises, `ContainerStatus.user` and stop signals, idempotent Stop/Remove, and the
+//! older `v1alpha2` API served for every RPC family.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::pod::{container, image, pod, pod_with};
+use common::{Crius, pod_config};
+use crius::api::v1::{
+    self, ContainerFilter, ContainerStatsFilter, LinuxContainerResources,
+    LinuxContainerSecurityContext, ListContainerStatsRequest, ListContainersRequest,
+    ListImagesRequest, ListPodSandboxMetricsRequest, ListPodSandboxRequest,
+    ListPodSandboxStatsRequest, PodSandboxStatusRequest, Signal, StatusRequest,
+    StreamContainerStatsRequest, StreamContainersRequest, StreamImagesRequest,
+    StreamPodSandboxMetricsRequest, StreamPodSandboxStatsRequest, StreamPodSandboxesRequest,
+    UpdatePodSandboxResourcesRequest,
+};
+use crius::api::v1alpha2;
+use crius::client::{CriClientV1alpha2, TtrpcCriClient};
+use futures::StreamExt;
+
+const RUNTIME: &str = "runtime.v1.RuntimeService";
+const IMAGES: &str = "runtime.v1.ImageService";
+
+/// Every message of a gRPC server stream.
+async fn collect<T>(stream: tonic::Streaming<T>) -> Vec<T> {
+    stream
+        .map(|m| m.expect("stream message"))
+        .collect::<Vec<_>>()
+        .await
+}
+
+#[tokio::test]
+async fn list_streams_match_their_list_twins_over_grpc_and_ttrpc() {
+    let crius = Crius::start().await;
+    let mut first = pod(&crius, "streams-a").await;
+    let mut second = pod(&crius, "streams-b").await;
+    let a1 = first
+        .run(container("one", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    first
+        .run(container("two", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    second
+        .run(container("three", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let mut client = crius.client().await;
+    let ttrpc = TtrpcCriClient::connect(crius.ttrpc_socket())
+        .await
+        .expect("connect ttrpc");
+
+    // Pods.
+    let listed: BTreeSet<String> = client
+        .runtime
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|p| p.id)
+        .collect();
+    assert_eq!(listed.len(), 2);
+    let streamed = collect(
+        client
+            .runtime
+            .stream_pod_sandboxes(StreamPodSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await;
+    let ids = |items: Vec<v1::StreamPodSandboxesResponse>| -> BTreeSet<String> {
+        items
+            .into_iter()
+            .flat_map(|m| m.pod_sandboxes)
+            .map(|p| p.id)
+            .collect()
+    };
+    assert_eq!(ids(streamed), listed);
+    let over_ttrpc: Vec<v1::StreamPodSandboxesResponse> = ttrpc
+        .call_stream(
+            RUNTIME,
+            "StreamPodSandboxes",
+            &StreamPodSandboxesRequest::default(),
+        )
+        .await
+        .expect("ttrpc StreamPodSandboxes");
+    assert_eq!(ids(over_ttrpc), listed);
+
+    // Containers, with the same filters as ListContainers.
+    let filter = ContainerFilter {
+        pod_sandbox_id: first.id.clone(),
+        ..Default::default()
+    };
+    let listed: BTreeSet<String> = client
+        .runtime
+        .list_containers(ListContainersRequest {
+            filter: Some(filter.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.contains(&a1));
+    let request = StreamContainersRequest {
+        filter: Some(filter),
+    };
+    let ids = |items: Vec<v1::StreamContainersResponse>| -> BTreeSet<String> {
+        items
+            .into_iter()
+            .flat_map(|m| m.containers)
+            .map(|c| c.id)
+            .collect()
+    };
+    let streamed = collect(
+        client
+            .runtime
+            .stream_containers(request.clone())
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await;
+    assert_eq!(ids(streamed), listed);
+    let over_ttrpc = ttrpc
+        .call_stream(RUNTIME, "StreamContainers", &request)
+        .await
+        .expect("ttrpc StreamContainers");
+    assert_eq!(ids(over_ttrpc), listed);
+    // A filter that matches nothing streams nothing.
+    let none = ttrpc
+        .call_stream::<_, v1::StreamContainersResponse>(
+            RUNTIME,
+            "StreamContainers",
+            &StreamContainersRequest {
+                filter: Some(ContainerFilter {
+                    id: "nosuchcontainer".into(),
+                    ..Default::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(ids(none).is_empty());
+
+    // Container stats, pod stats and pod metrics.
+    let stats_filter = ContainerStatsFilter {
+        pod_sandbox_id: second.id.clone(),
+        ..Default::default()
+    };
+    let listed = client
+        .runtime
+        .list_container_stats(ListContainerStatsRequest {
+            filter: Some(stats_filter.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats;
+    let streamed: Vec<v1::ContainerStats> = collect(
+        client
+            .runtime
+            .stream_container_stats(StreamContainerStatsRequest {
+                filter: Some(stats_filter.clone()),
+            })
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await
+    .into_iter()
+    .flat_map(|m| m.container_stats)
+    .collect();
+    let attribute_ids = |stats: &[v1::ContainerStats]| -> Vec<String> {
+        stats
+            .iter()
+            .map(|s| s.attributes.as_ref().unwrap().id.clone())
+            .collect()
+    };
+    assert_eq!(attribute_ids(&streamed), attribute_ids(&listed));
+    assert_eq!(streamed.len(), 1);
+    assert!(streamed[0].memory.is_some(), "stats carry usage");
+    let over_ttrpc: Vec<v1::StreamContainerStatsResponse> = ttrpc
+        .call_stream(
+            RUNTIME,
+            "StreamContainerStats",
+            &StreamContainerStatsRequest {
+                filter: Some(stats_filter),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        over_ttrpc
+            .iter()
+            .map(|m| m.container_stats.len())
+            .sum::<usize>(),
+        1
+    );
+
+    let pods_listed = client
+        .runtime
+        .list_pod_sandbox_stats(ListPodSandboxStatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .len();
+    let pods_streamed: usize = ttrpc
+        .call_stream::<_, v1::StreamPodSandboxStatsResponse>(
+            RUNTIME,
+            "StreamPodSandboxStats",
+            &StreamPodSandboxStatsRequest::default(),
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.pod_sandbox_stats.len())
+        .sum();
+    assert_eq!((pods_listed, pods_streamed), (2, 2));
+    let metrics_listed = client
+        .runtime
+        .list_pod_sandbox_metrics(ListPodSandboxMetricsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_metrics
+        .len();
+    let metrics_streamed: usize = collect(
+        client
+            .runtime
+            .stream_pod_sandbox_metrics(StreamPodSandboxMetricsRequest {})
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await
+    .iter()
+    .map(|m| m.pod_sandbox_metrics.len())
+    .sum();
+    assert_eq!(metrics_streamed, metrics_listed);
+    assert_eq!(metrics_streamed, 2);
+
+    // Images.
+    let listed: BTreeSet<String> = client
+        .image
+        .list_images(ListImagesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .images
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert!(listed.len() >= 3, "{listed:?}");
+    let streamed: BTreeSet<String> = collect(
+        client
+            .image
+            .stream_images(StreamImagesRequest::default())
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await
+    .into_iter()
+    .flat_map(|m| m.images)
+    .map(|i| i.id)
+    .collect();
+    assert_eq!(streamed, listed);
+    let over_ttrpc: BTreeSet<String> = ttrpc
+        .call_stream::<_, v1::StreamImagesResponse>(
+            IMAGES,
+            "StreamImages",
+            &StreamImagesRequest::default(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|m| m.images)
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(over_ttrpc, listed);
+
+    // Streams have no v1alpha2 twin.
+    let err = ttrpc
+        .call_stream::<_, v1::StreamImagesResponse>(
+            "runtime.v1alpha2.ImageService",
+            "StreamImages",
+            &StreamImagesRequest::default(),
+        )
+        .await
+        .expect_err("no v1alpha2 stream");
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+
+    first.remove_pod().await;
+    second.remove_pod().await;
+}
+
+#[tokio::test]
+async fn container_events_stream_over_ttrpc() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "ttrpc-events").await;
+    let ttrpc = TtrpcCriClient::connect(crius.ttrpc_socket())
+        .await
+        .expect("connect ttrpc");
+    let mut events = ttrpc
+        .open_stream(RUNTIME, "GetContainerEvents", &v1::GetEventsRequest {})
+        .await
+        .expect("subscribe over ttrpc");
+    let id = pod
+        .run(container("evented", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.len() < 2 {
+        let next = tokio::time::timeout_at(
+            deadline,
+            TtrpcCriClient::next_message::<v1::ContainerEventResponse>(&mut events),
+        )
+        .await
+        .expect("events in time")
+        .expect("an event")
+        .expect("the stream stays open");
+        if next.container_id == id {
+            seen.push(next.container_event_type);
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![
+            v1::ContainerEventType::ContainerCreatedEvent as i32,
+            v1::ContainerEventType::ContainerStartedEvent as i32
+        ]
+    );
+    pod.remove_pod().await;
+}
+
+/// Whether `runc features` lists the `rro` mount option (runc ≥ 1.1 does).
+fn runc_knows_rro() -> bool {
+    let out = std::process::Command::new("runc")
+        .arg("features")
+        .output()
+        .expect("run runc features");
+    let features: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    features["mountOptions"]
+        .as_array()
+        .is_some_and(|o| o.iter().any(|v| v == "rro"))
+}
+
+#[tokio::test]
+async fn status_advertises_what_each_handler_supports() {
+    let crius = Crius::start_with(
+        |c| {
+            let mut missing = c.containerd.runtimes["runc"].clone();
+            missing.options.binary_name = "/nonexistent/oci-runtime".into();
+            c.containerd.runtimes.insert("gone".into(), missing);
+        },
+        &[],
+    )
+    .await;
+    let status = crius
+        .client()
+        .await
+        .runtime
+        .status(StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(status.features.unwrap().supplemental_groups_policy);
+    let rro = |name: &str| {
+        status
+            .runtime_handlers
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap_or_else(|| panic!("no handler {name:?}"))
+            .features
+            .unwrap()
+            .recursive_read_only_mounts
+    };
+    let expected = runc_knows_rro();
+    assert_eq!(rro(""), expected, "the default handler is runc");
+    assert_eq!(rro("runc"), expected);
+    assert!(!rro("gone"), "a runtime that cannot answer has no rro");
+    assert!(
+        status
+            .runtime_handlers
+            .iter()
+            .all(|h| !h.features.unwrap().user_namespaces),
+        "user namespaces are not built yet"
+    );
+}
+
+#[tokio::test]
+async fn container_status_reports_the_user_and_the_stop_signal() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "user-signal").await;
+    let mut config = container("user", "busybox:latest", &["sleep", "1000"]);
+    config.linux = Some(v1::LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            run_as_username: "user".into(),
+            supplemental_groups: vec![4242],
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    config.stop_signal = Signal::Sigint as i32;
+    let id = pod.run(config).await;
+    let (status, _) = pod.status(&id).await;
+    let user = status
+        .user
+        .and_then(|u| u.linux)
+        .expect("ContainerStatus.user");
+    assert_eq!((user.uid, user.gid), (1000, 1000));
+    // The image's /etc/group lists `user` in `users` (100): merged, with the requested one.
+    let mut groups = user.supplemental_groups.clone();
+    groups.sort();
+    assert_eq!(groups, vec![100, 4242]);
+    let (stdout, _, code) = pod.exec(&id, &["id", "-G"], 10).await.expect("exec");
+    assert_eq!(code, 0);
+    let mut inside: Vec<i64> = stdout
+        .split_whitespace()
+        .map(|g| g.parse().unwrap())
+        .collect();
+    inside.sort();
+    assert_eq!(inside, vec![100, 1000, 4242], "the process runs with them");
+    assert_eq!(status.stop_signal, Signal::Sigint as i32);
+
+    // Without one in the config: the image's STOPSIGNAL, else SIGTERM.
+    let from_image = pod
+        .run(container(
+            "entry",
+            "busybox-entry:latest",
+            &["sleep", "1000"],
+        ))
+        .await;
+    assert_eq!(
+        pod.status(&from_image).await.0.stop_signal,
+        Signal::Sigusr1 as i32
+    );
+    let default = pod
+        .run(container("plain", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    assert_eq!(
+        pod.status(&default).await.0.stop_signal,
+        Signal::Sigterm as i32
+    );
+
+    // The config's signal is the one StopContainer sends: a shell that traps only SIGINT
+    // exits at once with its own code.
+    let mut trapper = container(
+        "trapper",
+        "busybox:latest",
+        &[
+            "sh",
+            "-c",
+            "trap 'exit 7' INT; while true; do sleep 0.1; done",
+        ],
+    );
+    trapper.stop_signal = Signal::Sigint as i32;
+    let trapper = pod.run(trapper).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pod.stop(&trapper, 30).await;
+    assert_eq!(pod.status(&trapper).await.0.exit_code, 7);
+    pod.remove_pod().await;
+}
+
+/// The cgroup v1 or v2 file of `controller` for cgroup `path`.
+fn cgroup_file(controller: &str, path: &str, file: &str) -> std::path::PathBuf {
+    let v1 = std::path::Path::new("/sys/fs/cgroup").join(controller);
+    if v1.is_dir() {
+        v1.join(path.trim_start_matches('/')).join(file)
+    } else {
+        std::path::Path::new("/sys/fs/cgroup")
+            .join(path.trim_start_matches('/'))
+            .join(file)
+    }
+}
+
+#[tokio::test]
+async fn update_pod_sandbox_resources_is_kept_and_applied_to_the_pod_cgroup() {
+    let crius = Crius::start().await;
+    let parent = format!("/crius-test-resize-{}", std::process::id());
+    let mut config = pod_config("resize");
+    let linux = config.linux.get_or_insert_with(Default::default);
+    linux.cgroup_parent = parent.clone();
+    linux
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options = Some(v1::NamespaceOption {
+        network: v1::NamespaceMode::Node as i32,
+        ..Default::default()
+    });
+    let mut pod = pod_with(&crius, config).await;
+    pod.run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let resources = LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 150_000,
+        cpu_shares: 1536,
+        memory_limit_in_bytes: 256 << 20,
+        ..Default::default()
+    };
+    pod.client
+        .runtime
+        .update_pod_sandbox_resources(UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: pod.id.clone(),
+            overhead: None,
+            resources: Some(resources.clone()),
+        })
+        .await
+        .expect("UpdatePodSandboxResources");
+
+    let v2 = !std::path::Path::new("/sys/fs/cgroup/memory").is_dir();
+    let read = |controller: &str, file: &str| {
+        std::fs::read_to_string(cgroup_file(controller, &parent, file))
+            .unwrap_or_else(|e| panic!("{controller}/{file}: {e}"))
+            .trim()
+            .to_string()
+    };
+    if v2 {
+        assert_eq!(read("", "memory.max"), (256u64 << 20).to_string());
+        assert_eq!(read("", "cpu.max"), "150000 100000");
+    } else {
+        assert_eq!(
+            read("memory", "memory.limit_in_bytes"),
+            (256u64 << 20).to_string()
+        );
+        assert_eq!(read("cpu", "cpu.cfs_quota_us"), "150000");
+        assert_eq!(read("cpu", "cpu.shares"), "1536");
+    }
+
+    // Kept in the sandbox's config, which survives a restart of crius.
+    let config_resources = |info: &std::collections::HashMap<String, String>| {
+        let info: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
+        info["config"]["linux"]["resources"]["memory_limit_in_bytes"].clone()
+    };
+    let status = pod
+        .client
+        .runtime
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: pod.id.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(config_resources(&status.info), 256 << 20);
+
+    let err = pod
+        .client
+        .runtime
+        .update_pod_sandbox_resources(UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: "nosuchpod".into(),
+            overhead: None,
+            resources: Some(resources),
+        })
+        .await
+        .expect_err("unknown pod");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+
+    pod.remove_pod().await;
+    for controller in [
+        "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
+        "unified", "",
+    ] {
+        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}{parent}"));
+    }
+}
+
+#[tokio::test]
+async fn v1alpha2_serves_every_rpc_family_over_grpc_and_ttrpc() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "alpha").await;
+    let id = pod
+        .run(container("alpha", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let mut alpha = CriClientV1alpha2::connect(crius.grpc_socket())
+        .await
+        .expect("connect v1alpha2");
+    let ttrpc = TtrpcCriClient::connect(crius.ttrpc_socket())
+        .await
+        .expect("connect ttrpc");
+    const ALPHA_RUNTIME: &str = "runtime.v1alpha2.RuntimeService";
+    const ALPHA_IMAGES: &str = "runtime.v1alpha2.ImageService";
+
+    // Runtime info.
+    let status = alpha
+        .runtime
+        .status(v1alpha2::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let conditions = status.status.unwrap().conditions;
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.r#type == "RuntimeReady" && c.status),
+        "{conditions:?}"
+    );
+    let status: v1alpha2::StatusResponse = ttrpc
+        .call(
+            ALPHA_RUNTIME,
+            "Status",
+            &v1alpha2::StatusRequest { verbose: false },
+        )
+        .await
+        .unwrap();
+    assert_eq!(status.status.unwrap().conditions.len(), 2);
+
+    // Sandboxes.
+    let pods = alpha
+        .runtime
+        .list_pod_sandbox(v1alpha2::ListPodSandboxRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(
+        pods.iter().map(|p| p.id.clone()).collect::<Vec<_>>(),
+        vec![pod.id.clone()]
+    );
+    let sandbox: v1alpha2::PodSandboxStatusResponse = ttrpc
+        .call(
+            ALPHA_RUNTIME,
+            "PodSandboxStatus",
+            &v1alpha2::PodSandboxStatusRequest {
+                pod_sandbox_id: pod.id.clone(),
+                verbose: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sandbox.status.unwrap().state,
+        v1alpha2::PodSandboxState::SandboxReady as i32
+    );
+
+    // Containers.
+    let containers = alpha
+        .runtime
+        .list_containers(v1alpha2::ListContainersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert_eq!(containers.len(), 1);
+    assert_eq!(containers[0].id, id);
+    let container: v1alpha2::ContainerStatusResponse = ttrpc
+        .call(
+            ALPHA_RUNTIME,
+            "ContainerStatus",
+            &v1alpha2::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        container.status.unwrap().state,
+        v1alpha2::ContainerState::ContainerRunning as i32
+    );
+    let exec = alpha
+        .runtime
+        .exec_sync(v1alpha2::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["echo".into(), "alpha".into()],
+            timeout: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(exec.stdout, b"alpha\n");
+
+    // Stats.
+    let stats = alpha
+        .runtime
+        .list_container_stats(v1alpha2::ListContainerStatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .stats;
+    assert_eq!(stats.len(), 1);
+    let stats: v1alpha2::ContainerStatsResponse = ttrpc
+        .call(
+            ALPHA_RUNTIME,
+            "ContainerStats",
+            &v1alpha2::ContainerStatsRequest {
+                container_id: id.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(stats.stats.unwrap().memory.is_some());
+
+    // Images.
+    let busybox = image("busybox:latest");
+    let images = alpha
+        .image
+        .list_images(v1alpha2::ListImagesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    assert!(images.iter().any(|i| i.repo_tags.contains(&busybox)));
+    let found: v1alpha2::ImageStatusResponse = ttrpc
+        .call(
+            ALPHA_IMAGES,
+            "ImageStatus",
+            &v1alpha2::ImageStatusRequest {
+                image: Some(v1alpha2::ImageSpec {
+                    image: busybox.clone(),
+                    ..Default::default()
+                }),
+                verbose: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(found.image.unwrap().repo_tags.contains(&busybox));
+    let fs: v1alpha2::ImageFsInfoResponse = ttrpc
+        .call(
+            ALPHA_IMAGES,
+            "ImageFsInfo",
+            &v1alpha2::ImageFsInfoRequest {},
+        )
+        .await
+        .unwrap();
+    assert_eq!(fs.image_filesystems.len(), 1);
+
+    // Idempotent removal through v1alpha2 as well.
+    alpha
+        .runtime
+        .stop_container(v1alpha2::StopContainerRequest {
+            container_id: "nosuchcontainer".into(),
+            timeout: 0,
+        })
+        .await
+        .expect("stop of an unknown container");
+    let _: v1alpha2::RemoveImageResponse = ttrpc
+        .call(
+            ALPHA_IMAGES,
+            "RemoveImage",
+            &v1alpha2::RemoveImageRequest {
+                image: Some(v1alpha2::ImageSpec {
+                    image: "nosuch/image:gone".into(),
+                    ..Default::default()
+                }),
+            },
+        )
+        .await
+        .expect("remove of an unknown image");
+    pod.remove_pod().await;
+}
