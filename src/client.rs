@@ -92,18 +92,31 @@ impl TtrpcCriClient {
         Ok(Self { client })
     }
 
-    /// Calls `service` (e.g. `runtime.v1.RuntimeService`) `method` with `req`.
+    /// Calls `service` (e.g. `runtime.v1.RuntimeService`) `method` with `req`, with a 30 s
+    /// deadline.
     pub async fn call<Req: Message, Resp: Message + Default>(
         &self,
         service: &str,
         method: &str,
         req: &Req,
     ) -> Result<Resp, tonic::Status> {
+        self.call_with_timeout(service, method, req, std::time::Duration::from_secs(30))
+            .await
+    }
+
+    /// Calls `service` `method` with `req`; the server is told the deadline `timeout`.
+    pub async fn call_with_timeout<Req: Message, Resp: Message + Default>(
+        &self,
+        service: &str,
+        method: &str,
+        req: &Req,
+        timeout: std::time::Duration,
+    ) -> Result<Resp, tonic::Status> {
         let request = ttrpc::Request {
             service: service.to_string(),
             method: method.to_string(),
             payload: req.encode_to_vec(),
-            timeout_nano: 30_000_000_000,
+            timeout_nano: i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX),
             ..Default::default()
         };
         match self.client.request(request).await {
@@ -177,6 +190,10 @@ fn status_of(error: ttrpc::Error) -> tonic::Status {
     match error {
         ttrpc::Error::RpcStatus(status) => {
             tonic::Status::new(tonic::Code::from_i32(status.code.value()), status.message)
+        }
+        // The client's own deadline passed first, as gRPC clients report it.
+        ttrpc::Error::Others(message) if message == "Request deadline elapsed" => {
+            tonic::Status::deadline_exceeded(message)
         }
         e => tonic::Status::unavailable(e.to_string()),
     }

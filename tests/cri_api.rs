@@ -420,10 +420,11 @@ async fn container_status_reports_the_user_and_the_stop_signal() {
         .and_then(|u| u.linux)
         .expect("ContainerStatus.user");
     assert_eq!((user.uid, user.gid), (1000, 1000));
-    // The image's /etc/group lists `user` in `users` (100): merged, with the requested one.
+    // Its own group, and the image's /etc/group lists `user` in `users` (100): merged,
+    // with the requested one.
     let mut groups = user.supplemental_groups.clone();
     groups.sort();
-    assert_eq!(groups, vec![100, 4242]);
+    assert_eq!(groups, vec![100, 1000, 4242]);
     let (stdout, _, code) = pod.exec(&id, &["id", "-G"], 10).await.expect("exec");
     assert_eq!(code, 0);
     let mut inside: Vec<i64> = stdout

@@ -628,3 +628,199 @@ async fn a_pull_without_progress_is_cancelled() {
     assert!(started.elapsed() < Duration::from_secs(10));
     held.abort();
 }
+
+/// A registry in front of the test registry that sends blobs a few KiB at a time, so a pull
+/// through it takes far longer than its caller waits. Returns its address.
+async fn trickling_registry(upstream: String) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if client.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let text = String::from_utf8_lossy(&head).to_string();
+                let is_blob = text.lines().next().is_some_and(|l| l.contains("/blobs/"));
+                // One request per upstream connection: it closes when it has answered.
+                let request: String = text
+                    .lines()
+                    .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                    .take_while(|l| !l.is_empty())
+                    .map(|l| format!("{l}\r\n"))
+                    .collect::<String>()
+                    + "Connection: close\r\n\r\n";
+                let Ok(mut registry) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                if registry.write_all(request.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut response = Vec::new();
+                if registry.read_to_end(&mut response).await.is_err() {
+                    return;
+                }
+                let chunk = if is_blob { 4096 } else { response.len().max(1) };
+                for piece in response.chunks(chunk) {
+                    if client.write_all(piece).await.is_err() {
+                        return;
+                    }
+                    if is_blob {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            });
+        }
+    });
+    (address, server)
+}
+
+/// Pushes an image of one layer of 512 KiB of random bytes (an uncompressed tar) to
+/// `registry`; returns its `repository:tag`.
+async fn push_random_image(registry: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut data = vec![0u8; 512 * 1024];
+    rand::Rng::fill(&mut rand::rng(), &mut data[..]);
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, "random", data.as_slice())
+        .unwrap();
+    let layer = builder.into_inner().unwrap();
+    let digest = |bytes: &[u8]| format!("sha256:{:x}", Sha256::digest(bytes));
+    let layer_digest = digest(&layer);
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    }))
+    .unwrap();
+    let repo = format!("random-{:016x}", rand::random::<u64>());
+    let http = reqwest::Client::new();
+    for blob in [&layer, &config] {
+        let start = http
+            .post(format!("http://{registry}/v2/{repo}/blobs/uploads/"))
+            .send()
+            .await
+            .unwrap();
+        let location = start.headers()["location"].to_str().unwrap().to_string();
+        let location = if location.starts_with("http") {
+            location
+        } else {
+            format!("http://{registry}{location}")
+        };
+        let sep = if location.contains('?') { '&' } else { '?' };
+        let put = http
+            .put(format!("{location}{sep}digest={}", digest(blob)))
+            .body(blob.clone())
+            .send()
+            .await
+            .unwrap();
+        assert!(put.status().is_success(), "blob upload: {}", put.status());
+    }
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": digest(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest, "size": layer.len()}],
+    }))
+    .unwrap();
+    let put = http
+        .put(format!("http://{registry}/v2/{repo}/manifests/v1"))
+        .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+        .body(manifest)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        put.status().is_success(),
+        "manifest upload: {}",
+        put.status()
+    );
+    format!("{repo}:v1")
+}
+
+fn pull_leases(crius: &Crius) -> Vec<String> {
+    crius
+        .ctr(&["leases", "ls", "-q"])
+        .lines()
+        .filter(|l| l.starts_with("crius-pull-"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_pull_past_its_deadline_is_deadline_exceeded_and_leaves_nothing() {
+    let registry = Testbed::from_env().registry;
+    let (slow, server) = trickling_registry(registry).await;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let before = content_digests(&crius);
+    // Content no namespace of containerd has yet (it shares blobs between namespaces).
+    let name = push_random_image(&Testbed::from_env().registry).await;
+    let image = format!("{slow}/{name}");
+
+    // Over gRPC: the grpc-timeout header.
+    let mut request = tonic::Request::new(PullImageRequest {
+        image: spec(&image),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_secs(2));
+    let started = std::time::Instant::now();
+    let err = client
+        .image
+        .pull_image(request)
+        .await
+        .expect_err("a pull slower than its deadline");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+
+    // Over ttrpc: timeout_nano.
+    let ttrpc = crius::client::TtrpcCriClient::connect(crius.ttrpc_socket())
+        .await
+        .unwrap();
+    let err = ttrpc
+        .call_with_timeout::<_, crius::api::v1::PullImageResponse>(
+            "runtime.v1.ImageService",
+            "PullImage",
+            &PullImageRequest {
+                image: spec(&image),
+                ..Default::default()
+            },
+            Duration::from_secs(1),
+        )
+        .await
+        .expect_err("a pull slower than its deadline");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+
+    // Nothing of either attempt stays: no lease, no content, no image, no snapshot.
+    let clean = eventually(Duration::from_secs(10), || async {
+        pull_leases(&crius).is_empty()
+            && content_digests(&crius) == before
+            && crius.ctr(&["content", "active"]).lines().count() <= 1
+    })
+    .await;
+    assert!(
+        clean,
+        "left behind: leases {:?}, content {:?}, active {}",
+        pull_leases(&crius),
+        content_digests(&crius)
+            .difference(&before)
+            .collect::<Vec<_>>(),
+        crius.ctr(&["content", "active"])
+    );
+    assert!(status(&mut client, &image).await.is_none());
+    assert!(!crius.ctr(&["images", "ls", "-q"]).contains(&slow));
+    server.abort();
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds look-alikes of the images the CRI conformance suite (critest v1.26) pulls, pushes
-# them to a registry and writes a hosts.toml directory that mirrors registry.k8s.io, gcr.io
-# and public.ecr.aws to it. Point crius's `registry.config_path` at that directory.
+# Builds look-alikes of the images the CRI conformance suite (critest v1.26 and v1.36) pulls,
+# pushes them to a registry and writes a hosts.toml directory that mirrors registry.k8s.io,
+# k8s.gcr.io, gcr.io and public.ecr.aws to it. Point crius's `registry.config_path` at that
+# directory.
 #
 #   contrib/conformance/images.sh <registry host:port> <hosts dir>
 #
@@ -110,12 +111,14 @@ make_image $G/test-image-1:latest marker1 --config.cmd sh
 make_image $G/test-image-2:latest marker2 --config.cmd sh
 make_image $G/test-image-3:latest marker3 --config.cmd sh
 make_image $G/test-image-tags:1 plain --config.cmd sh
+# v1.36 pulls one image under two registries' names (registry.k8s.io and k8s.gcr.io).
+make_image pause:3.9 plain --config.cmd sh
 for t in 2 3; do
   skopeo copy --quiet --src-tls-verify=false --dest-tls-verify=false \
     "docker://$REG/$G/test-image-tags:1" "docker://$REG/$G/test-image-tags:$t"
 done
 
-for host in registry.k8s.io gcr.io public.ecr.aws; do
+for host in registry.k8s.io k8s.gcr.io gcr.io public.ecr.aws; do
   mkdir -p "$HOSTS/$host"
   cat >"$HOSTS/$host/hosts.toml" <<TOML
 server = "https://$host"

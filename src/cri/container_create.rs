@@ -228,11 +228,7 @@ impl CriService {
                     image_name: image_text.clone(),
                     log_path,
                     stop_signal: effective_stop_signal(&config, &image.config.config.stop_signal),
-                    user: Some(crate::api::v1::LinuxContainerUser {
-                        uid: user.uid.into(),
-                        gid: user.gid.into(),
-                        supplemental_groups: user.additional_gids.iter().map(|&g| g.into()).collect(),
-                    }),
+                    user: Some(status_user(&user)),
                     created_at: unix_nanos(SystemTime::now()),
                     cgroups_path: spec
                         .linux()
@@ -318,5 +314,21 @@ fn effective_stop_signal(config: &crate::api::v1::ContainerConfig, image_signal:
     match Signal::try_from(config.stop_signal) {
         Ok(Signal::RuntimeDefault) | Err(_) => image_signal.to_string(),
         Ok(signal) => signal.as_str_name().to_string(),
+    }
+}
+
+/// `ContainerStatus.user`: the process's uid and gid, and every group it is in (its primary
+/// group too, as `id -G` lists them).
+fn status_user(user: &crate::oci::user::ResolvedUser) -> crate::api::v1::LinuxContainerUser {
+    let mut groups = vec![i64::from(user.gid)];
+    for &gid in &user.additional_gids {
+        if !groups.contains(&i64::from(gid)) {
+            groups.push(gid.into());
+        }
+    }
+    crate::api::v1::LinuxContainerUser {
+        uid: user.uid.into(),
+        gid: user.gid.into(),
+        supplemental_groups: groups,
     }
 }

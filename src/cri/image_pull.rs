@@ -21,7 +21,7 @@ impl CriService {
         };
         let image = self
             .puller
-            .pull(&reference, credentials)
+            .pull(&reference, credentials, crate::server::deadline::current())
             .await
             .map_err(|failure| Status::new(failure.code, failure.message))?;
         let id = image.id.clone();

@@ -437,7 +437,7 @@ impl CriService {
             let reference = crate::image::reference::Reference::parse(&self.sandbox_image)
                 .map_err(|e| Status::failed_precondition(e.to_string()))?;
             self.puller
-                .pull(&reference, None)
+                .pull(&reference, None, None)
                 .await
                 .map_err(|f| Status::new(f.code, format!("sandbox image: {}", f.message)))?
         };

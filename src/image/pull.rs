@@ -68,6 +68,8 @@ enum PullError {
     Corrupt(String),
     #[error("no progress for {0:?}; cancelled")]
     Stalled(Duration),
+    #[error("cancelled: every caller's deadline passed")]
+    Cancelled,
     #[error(transparent)]
     Failpoint(#[from] crate::failpoint::Triggered),
     #[error(transparent)]
@@ -93,7 +95,7 @@ impl PullError {
             Self::Unsupported(_) => Code::InvalidArgument,
             Self::NotFound(_) => Code::NotFound,
             Self::Corrupt(_) => Code::DataLoss,
-            Self::Stalled(_) => Code::DeadlineExceeded,
+            Self::Stalled(_) | Self::Cancelled => Code::DeadlineExceeded,
             Self::Failpoint(_) => Code::Internal,
             Self::Unpack(super::unpack::UnpackError::Containerd(_)) => Code::Internal,
             Self::Unpack(super::unpack::UnpackError::DiffIdMismatch { .. }) => Code::DataLoss,
@@ -174,7 +176,35 @@ impl Progress {
     }
 }
 
+/// Why a pull stops before it is done.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// No progress for this long.
+    Stalled(Duration),
+    /// Every caller's deadline passed.
+    Cancelled,
+}
+
+impl From<Stop> for PullError {
+    fn from(stop: Stop) -> Self {
+        match stop {
+            Stop::Stalled(timeout) => Self::Stalled(timeout),
+            Stop::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
 type SharedPull = Shared<BoxFuture<'static, Result<Image, PullFailure>>>;
+
+/// A pull in progress: its result, shared by every caller, and how many callers still wait
+/// for it under a deadline. When the last of those gives up, the pull is cancelled (and
+/// cleans up) rather than finishing for no one.
+#[derive(Clone)]
+struct InFlight {
+    result: SharedPull,
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
+    cancel: tokio_util::sync::CancellationToken,
+}
 
 /// Pulls images; shared by all PullImage calls.
 pub struct ImagePuller {
@@ -184,7 +214,7 @@ pub struct ImagePuller {
     max_downloads: usize,
     progress_timeout: Duration,
     http: HttpClients,
-    in_flight: Mutex<HashMap<String, SharedPull>>,
+    in_flight: Mutex<HashMap<String, InFlight>>,
 }
 
 impl ImagePuller {
@@ -207,66 +237,125 @@ impl ImagePuller {
     }
 
     /// Pulls `reference`; a pull of the same reference with the same credentials that is
-    /// already running is joined instead of started again.
+    /// already running is joined instead of started again. A caller without a deadline, or
+    /// one that goes away, lets the pull finish; when every caller's `deadline` has passed,
+    /// the pull is cancelled, its content collected, and the caller sees DEADLINE_EXCEEDED.
     pub async fn pull(
         self: &Arc<Self>,
         reference: &Reference,
         credentials: Option<Credentials>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Image, PullFailure> {
-        let key = pull_key(reference, credentials.as_ref());
-        let shared = {
-            let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-            match in_flight.get(&key) {
-                Some(shared) => {
-                    tracing::debug!(image = %reference, "joining a pull in progress");
-                    shared.clone()
-                }
-                None => {
-                    let this = Arc::clone(self);
-                    let reference = reference.clone();
-                    let task_key = key.clone();
-                    // A task of its own: the pull finishes (or cleans up) even if every
-                    // caller goes away.
-                    let task = tokio::spawn(async move {
-                        let result = this.pull_uncached(&reference, credentials).await;
-                        this.in_flight
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .remove(&task_key);
-                        result
-                    });
-                    let shared = async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(PullFailure {
-                                code: Code::Internal,
-                                message: format!("pull task failed: {e}"),
-                            })
-                        })
-                    }
-                    .boxed()
-                    .shared();
-                    in_flight.insert(key, shared.clone());
-                    shared
-                }
-            }
+        let pull = self.join_or_start(reference, credentials);
+        pull.waiting.fetch_add(1, Ordering::SeqCst);
+        let Some(at) = deadline else {
+            // Never counted out: a caller without a deadline keeps the pull alive.
+            return pull.result.await;
         };
-        shared.await
+        match tokio::time::timeout_at(at, pull.result.clone()).await {
+            Ok(result) => {
+                pull.waiting.fetch_sub(1, Ordering::SeqCst);
+                result
+            }
+            Err(_) => {
+                if pull.waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    tracing::info!(image = %reference, "every caller's deadline passed; cancelling the pull");
+                    // The pull's task collects what it wrote; a retry starts afresh.
+                    pull.cancel.cancel();
+                    self.forget(&pull);
+                }
+                Err(PullFailure {
+                    code: Code::DeadlineExceeded,
+                    message: format!(
+                        "failed to pull image \"{reference}\": the client's deadline passed"
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Drops `pull` from the pulls in progress (not a newer one under the same key).
+    fn forget(&self, pull: &InFlight) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, p| !Arc::ptr_eq(&p.waiting, &pull.waiting));
+    }
+
+    fn join_or_start(
+        self: &Arc<Self>,
+        reference: &Reference,
+        credentials: Option<Credentials>,
+    ) -> InFlight {
+        let key = pull_key(reference, credentials.as_ref());
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pull) = in_flight.get(&key) {
+            tracing::debug!(image = %reference, "joining a pull in progress");
+            return pull.clone();
+        }
+        let this = Arc::clone(self);
+        let reference = reference.clone();
+        let task_key = key.clone();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let task_cancel = cancel.clone();
+        // A task of its own: the pull finishes (or cleans up) even if every caller goes away.
+        let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let task_waiting = waiting.clone();
+        let task = tokio::spawn(async move {
+            let result = this
+                .pull_uncached(&reference, credentials, task_cancel)
+                .await;
+            let mut in_flight = this.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            if in_flight
+                .get(&task_key)
+                .is_some_and(|p| Arc::ptr_eq(&p.waiting, &task_waiting))
+            {
+                in_flight.remove(&task_key);
+            }
+            result
+        });
+        let result = async move {
+            task.await.unwrap_or_else(|e| {
+                Err(PullFailure {
+                    code: Code::Internal,
+                    message: format!("pull task failed: {e}"),
+                })
+            })
+        }
+        .boxed()
+        .shared();
+        let pull = InFlight {
+            result,
+            waiting,
+            cancel,
+        };
+        in_flight.insert(key, pull.clone());
+        pull
     }
 
     async fn pull_uncached(
         &self,
         reference: &Reference,
         credentials: Option<Credentials>,
+        cancel: tokio_util::sync::CancellationToken,
     ) -> Result<Image, PullFailure> {
         let started = Instant::now();
         let progress = Arc::new(Progress::new());
         let name = reference.to_string();
-        let outcome = tokio::select! {
-            outcome = self.pull_with_lease(reference, credentials, &progress) => outcome,
-            _ = progress.stalled(&name, self.progress_timeout) => {
-                Err(PullError::Stalled(self.progress_timeout))
+        // Why the pull must stop before it is done: no progress, or no one waiting any more.
+        let stop = async {
+            tokio::select! {
+                _ = progress.stalled(&name, self.progress_timeout) => {
+                    Stop::Stalled(self.progress_timeout)
+                }
+                _ = cancel.cancelled() => Stop::Cancelled,
             }
-        };
+        }
+        .boxed()
+        .shared();
+        let outcome = self
+            .pull_with_lease(reference, credentials, &progress, stop)
+            .await;
         match outcome {
             Ok(image) => {
                 tracing::info!(
@@ -293,6 +382,7 @@ impl ImagePuller {
         reference: &Reference,
         credentials: Option<Credentials>,
         progress: &Arc<Progress>,
+        stop: Shared<BoxFuture<'_, Stop>>,
     ) -> Result<Image, PullError> {
         let endpoints = hosts::endpoints(&self.registry.config_path, &reference.domain)?;
         let mut config_credentials = HashMap::new();
@@ -308,7 +398,10 @@ impl ImagePuller {
             config_credentials,
             credentials,
         )?;
-        let docs = fetch_documents(&session, progress).await?;
+        let docs = tokio::select! {
+            docs = fetch_documents(&session, progress) => docs?,
+            why = stop.clone() => return Err(why.into()),
+        };
         tracing::debug!(
             elapsed_ms = progress.started.elapsed().as_millis() as u64,
             "documents fetched"
@@ -316,9 +409,11 @@ impl ImagePuller {
 
         let lease = format!("crius-pull-{:016x}", rand::random::<u64>());
         self.containerd.create_lease(&lease, LEASE_EXPIRY).await?;
-        let written = self
-            .write_image(&session, reference, &docs, &lease, progress)
-            .await;
+        // Stopping drops the writes in flight; the lease below still goes, with its content.
+        let written = tokio::select! {
+            written = self.write_image(&session, reference, &docs, &lease, progress) => written,
+            why = stop => Err(why.into()),
+        };
         let collect = written.is_err();
         if let Err(e) = self.containerd.delete_lease(&lease, collect).await {
             tracing::warn!(%lease, error = %e, "failed to delete pull lease; it expires by itself");

@@ -7,6 +7,7 @@
 //! [`SHUTDOWN_GRACE`], then everything still running is abandoned and the sockets removed.
 
 mod authority;
+pub mod deadline;
 pub mod rpc;
 mod service;
 pub mod socket;

@@ -19,6 +19,7 @@ use prost::Message;
 use tonic::{Code, Status};
 
 use super::CriService;
+use super::deadline;
 
 /// The stream type of `GetContainerEvents`.
 pub type ContainerEventStream = Pin<
@@ -42,11 +43,13 @@ impl CriServer {
         Self { service }
     }
 
-    /// Gates, times and logs one call.
+    /// Gates, times and logs one call, and bounds it by the client's deadline (`deadline`
+    /// from gRPC metadata, else the ttrpc one in scope).
     async fn instrument<T>(
         &self,
         rpc: &'static str,
         ids: String,
+        deadline: Option<tokio::time::Instant>,
         call: impl Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
         if !self.service.is_initialized() {
@@ -54,9 +57,27 @@ impl CriServer {
             return Err(Status::unavailable("server is not initialized yet"));
         }
         let start = Instant::now();
-        let result = match crate::failpoint::hit_rpc(rpc).await {
-            Ok(()) => call.await,
-            Err(e) => Err(Status::internal(e.to_string())),
+        let deadline = deadline.or_else(deadline::current);
+        let bounded = async {
+            match crate::failpoint::hit_rpc(rpc).await {
+                Ok(()) => call.await,
+                Err(e) => Err(Status::internal(e.to_string())),
+            }
+        };
+        let result = match deadline {
+            Some(at) => {
+                deadline::scope(Some(at), async {
+                    tokio::time::timeout_at(at, bounded)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Status::deadline_exceeded(format!(
+                                "{rpc}: the client's deadline passed"
+                            )))
+                        })
+                })
+                .await
+            }
+            None => bounded.await,
         }
         .map_err(|status| self.unavailable_while_containerd_is_away(status));
         let latency_us = start.elapsed().as_micros() as u64;
@@ -98,9 +119,10 @@ impl CriServer {
         Req: LogIds,
         Fut: Future<Output = Result<Resp, Status>>,
     {
+        let deadline = grpc_deadline(request.metadata());
         let req = request.into_inner();
         let ids = req.log_ids();
-        self.instrument(rpc, ids, handler(self.service.clone(), req))
+        self.instrument(rpc, ids, deadline, handler(self.service.clone(), req))
             .await
             .map(tonic::Response::new)
     }
@@ -118,14 +140,27 @@ impl CriServer {
         R2: Message + Default + 'static,
         Fut: Future<Output = Result<tonic::Response<R1>, Status>>,
     {
-        let req: B = transcode(&request.into_inner())?;
-        let resp = v1_call(self.clone(), tonic::Request::new(req))
-            .await?
-            .into_inner();
+        // The metadata (the client's deadline) goes along to the v1 call.
+        let (metadata, extensions, message) = request.into_parts();
+        let req: B = transcode(&message)?;
+        let resp = v1_call(
+            self.clone(),
+            tonic::Request::from_parts(metadata, extensions, req),
+        )
+        .await?
+        .into_inner();
         let mut resp: R2 = transcode(&resp)?;
         mark_alpha(&mut resp);
         Ok(tonic::Response::new(resp))
     }
+}
+
+/// A gRPC request's deadline, a little before the client's: tonic's own timer for the same
+/// header answers CANCELLED, so crius answers DEADLINE_EXCEEDED first.
+fn grpc_deadline(metadata: &tonic::metadata::MetadataMap) -> Option<tokio::time::Instant> {
+    let at = deadline::from_grpc_metadata(metadata)?;
+    let left = at.saturating_duration_since(tokio::time::Instant::now());
+    Some(at - (left / 10).min(std::time::Duration::from_millis(20)))
 }
 
 /// Reads that kubelet polls constantly are logged at debug level, changes at info.
@@ -593,18 +628,21 @@ impl ttrpc::r#async::MethodHandler for TtrpcMethod {
         _ctx: ttrpc::r#async::TtrpcContext,
         req: ttrpc::Request,
     ) -> ttrpc::Result<ttrpc::Response> {
-        let result = match self.service {
-            ApiService::Runtime => {
-                self.server
-                    .dispatch_runtime(self.method, &req.payload, self.alpha)
-                    .await
-            }
-            ApiService::Image => {
-                self.server
-                    .dispatch_image(self.method, &req.payload, self.alpha)
-                    .await
+        let dispatched = async {
+            match self.service {
+                ApiService::Runtime => {
+                    self.server
+                        .dispatch_runtime(self.method, &req.payload, self.alpha)
+                        .await
+                }
+                ApiService::Image => {
+                    self.server
+                        .dispatch_image(self.method, &req.payload, self.alpha)
+                        .await
+                }
             }
         };
+        let result = deadline::scope(deadline::from_ttrpc(req.timeout_nano), dispatched).await;
         match result {
             Ok(payload) => {
                 let mut resp = ttrpc::Response::new();

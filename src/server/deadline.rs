@@ -1,0 +1,83 @@
+//! Client deadlines: gRPC's `grpc-timeout` header and ttrpc's `timeout_nano`. Every RPC is
+//! bounded by its client's deadline (`DEADLINE_EXCEEDED` when it passes), and handlers with
+//! work to undo (PullImage) read it with [`current`] to stop and clean up in time.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+tokio::task_local! {
+    static DEADLINE: Option<Instant>;
+}
+
+/// The deadline of the RPC this task serves, if its client set one.
+pub fn current() -> Option<Instant> {
+    DEADLINE.try_with(|d| *d).ok().flatten()
+}
+
+/// Runs `call` with `deadline` as [`current`].
+pub async fn scope<F: std::future::Future>(deadline: Option<Instant>, call: F) -> F::Output {
+    DEADLINE.scope(deadline, call).await
+}
+
+/// Parses `grpc-timeout` (`<up to 8 digits><unit>`, unit one of `H M S m u n`).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let unit = value.chars().last()?;
+    let digits = &value[..value.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(n.checked_mul(3600)?),
+        'M' => Duration::from_secs(n.checked_mul(60)?),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The deadline of a gRPC request, from its metadata.
+pub fn from_grpc_metadata(metadata: &tonic::metadata::MetadataMap) -> Option<Instant> {
+    let timeout = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)?;
+    Some(Instant::now() + timeout)
+}
+
+/// The deadline of a ttrpc request (`timeout_nano`, 0 for none).
+pub fn from_ttrpc(timeout_nano: i64) -> Option<Instant> {
+    (timeout_nano > 0).then(|| Instant::now() + Duration::from_nanos(timeout_nano as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_in_every_unit_and_garbage_ignored() {
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse_grpc_timeout("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "S", "123456789S", "10s", "1.5S", "-1S", "10"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_deadline_is_visible_inside_its_scope_only() {
+        assert_eq!(current(), None);
+        let at = Instant::now() + Duration::from_secs(5);
+        assert_eq!(scope(Some(at), async { current() }).await, Some(at));
+        assert_eq!(current(), None);
+    }
+}
