@@ -95,6 +95,9 @@ fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("crius")
+        // Deep async call chains (a CreateContainer under a client deadline) need more than
+        // tokio's 2 MiB in debug builds; untouched stack costs no memory.
+        .thread_stack_size(8 * 1024 * 1024)
         .build()
     {
         Ok(runtime) => runtime,

@@ -358,11 +358,25 @@ fn runc_knows_rro() -> bool {
 
 #[tokio::test]
 async fn status_advertises_what_each_handler_supports() {
+    // An OCI runtime that is runc but says it knows no `rro`.
+    let bin = tempfile::tempdir().unwrap();
+    let norro = bin.path().join("runc-without-rro");
+    std::fs::write(
+        &norro,
+        "#!/bin/sh\nif [ \"$1\" = features ]; then echo '{\"mountOptions\": [\"ro\"]}'; exit 0; fi\nexec runc \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&norro, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let norro_path = norro.display().to_string();
     let crius = Crius::start_with(
         |c| {
             let mut missing = c.containerd.runtimes["runc"].clone();
             missing.options.binary_name = "/nonexistent/oci-runtime".into();
             c.containerd.runtimes.insert("gone".into(), missing);
+            let mut limited = c.containerd.runtimes["runc"].clone();
+            limited.options.binary_name = norro_path;
+            c.containerd.runtimes.insert("norro".into(), limited);
         },
         &[],
     )
@@ -390,6 +404,67 @@ async fn status_advertises_what_each_handler_supports() {
     assert_eq!(rro(""), expected, "the default handler is runc");
     assert_eq!(rro("runc"), expected);
     assert!(!rro("gone"), "a runtime that cannot answer has no rro");
+    assert!(!rro("norro"));
+
+    // A recursive read-only mount on that handler is refused, not silently made writable.
+    let mut config = pod_config("norro");
+    config
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options = Some(v1::NamespaceOption {
+        network: v1::NamespaceMode::Node as i32,
+        ..Default::default()
+    });
+    let mut client = crius.client().await;
+    client
+        .image
+        .pull_image(v1::PullImageRequest {
+            image: Some(v1::ImageSpec {
+                image: image("busybox:latest"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let pod_id = client
+        .runtime
+        .run_pod_sandbox(v1::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: "norro".into(),
+        })
+        .await
+        .expect("a pod on the norro handler")
+        .into_inner()
+        .pod_sandbox_id;
+    let mut rro_container = container("rro", "busybox:latest", &["sleep", "1000"]);
+    rro_container.mounts.push(v1::Mount {
+        container_path: "/mnt".into(),
+        host_path: bin.path().display().to_string(),
+        readonly: true,
+        recursive_read_only: true,
+        ..Default::default()
+    });
+    let err = client
+        .runtime
+        .create_container(v1::CreateContainerRequest {
+            pod_sandbox_id: pod_id.clone(),
+            config: Some(rro_container),
+            sandbox_config: Some(config),
+        })
+        .await
+        .expect_err("rro on a runtime without it");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("recursive read-only"), "{}", err.message());
+    client
+        .runtime
+        .remove_pod_sandbox(v1::RemovePodSandboxRequest {
+            pod_sandbox_id: pod_id,
+        })
+        .await
+        .unwrap();
     assert!(
         status
             .runtime_handlers
@@ -404,6 +479,11 @@ async fn container_status_reports_the_user_and_the_stop_signal() {
     let crius = Crius::start().await;
     let mut pod = pod(&crius, "user-signal").await;
     let mut config = container("user", "busybox:latest", &["sleep", "1000"]);
+    // What kubelet puts in the ImageSpec comes back in the status.
+    if let Some(spec) = config.image.as_mut() {
+        spec.user_specified_image = "busybox".into();
+        spec.runtime_handler = "runc".into();
+    }
     config.linux = Some(v1::LinuxContainerConfig {
         security_context: Some(LinuxContainerSecurityContext {
             run_as_username: "user".into(),

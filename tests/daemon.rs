@@ -253,6 +253,12 @@ async fn image_fs_info_reports_the_snapshotter_directory() {
     assert!(fs.used_bytes.unwrap().value > 0);
     assert!(fs.inodes_used.unwrap().value > 0);
     assert!(fs.timestamp > 0);
+    // The writable layers share that filesystem: the same one, not a split one.
+    assert_eq!(resp.container_filesystems.len(), 1);
+    assert_eq!(
+        resp.container_filesystems[0].fs_id.as_ref().unwrap().mountpoint,
+        expected.display().to_string()
+    );
 }
 
 #[tokio::test]

@@ -49,6 +49,30 @@ impl CriService {
         }
     }
 
+    /// Refuses what the pod's OCI runtime cannot do, rather than let it be silently ignored.
+    fn check_runtime_supports(
+        &self,
+        config: &crate::api::v1::ContainerConfig,
+        handler: &str,
+    ) -> Result<(), Status> {
+        let handler = if handler.is_empty() {
+            self.config.containerd.default_runtime.as_str()
+        } else {
+            handler
+        };
+        let features = self.handler_features.get(handler).copied().unwrap_or_default();
+        if let Some(m) = config.mounts.iter().find(|m| m.recursive_read_only)
+            && !features.recursive_read_only_mounts
+        {
+            return Err(Status::invalid_argument(format!(
+                "recursive read-only mount {:?}: the OCI runtime of handler {handler:?} does not \
+                 support recursive read-only mounts",
+                m.container_path
+            )));
+        }
+        Ok(())
+    }
+
     pub async fn create_container(
         &self,
         req: CreateContainerRequest,
@@ -78,6 +102,7 @@ impl CriService {
                 sandbox_meta.id
             )));
         }
+        self.check_runtime_supports(&config, &sandbox_meta.runtime_handler)?;
         let image = self.images.resolve(&image_text).ok_or_else(|| {
             Status::not_found(format!("image {image_text:?} not found: pull it first"))
         })?;

@@ -25,10 +25,11 @@ impl CriService {
     }
 
     fn image_spec(container: &Container) -> Option<ImageSpec> {
-        Some(ImageSpec {
-            image: container.metadata.image_name.clone(),
-            ..Default::default()
-        })
+        // The config's spec as kubelet sent it (user_specified_image, runtime_handler and
+        // annotations carried through), naming the image as the client did.
+        let mut spec = container.metadata.config.image.clone().unwrap_or_default();
+        spec.image = container.metadata.image_name.clone();
+        Some(spec)
     }
 
     pub async fn container_status(

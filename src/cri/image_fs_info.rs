@@ -1,4 +1,5 @@
-//! `ImageFsInfo`: usage of the snapshotter's directory below containerd's root.
+//! `ImageFsInfo`: usage of the snapshotter's directory below containerd's root, which holds
+//! the images and the containers' writable layers.
 
 use crate::api::v1::{
     FilesystemIdentifier, FilesystemUsage, ImageFsInfoRequest, ImageFsInfoResponse, UInt64Value,
@@ -23,20 +24,23 @@ impl CriService {
                 self.config.containerd.snapshotter,
             ))
         })?;
+        let filesystem = FilesystemUsage {
+            timestamp: unix_nanos(usage.timestamp),
+            fs_id: Some(FilesystemIdentifier {
+                mountpoint: path.display().to_string(),
+            }),
+            used_bytes: Some(UInt64Value {
+                value: usage.used_bytes,
+            }),
+            inodes_used: Some(UInt64Value {
+                value: usage.inodes_used,
+            }),
+        };
+        // The writable layers live in the same snapshotter as the images: kubelet sees one
+        // filesystem for both (no split image filesystem).
         Ok(ImageFsInfoResponse {
-            image_filesystems: vec![FilesystemUsage {
-                timestamp: unix_nanos(usage.timestamp),
-                fs_id: Some(FilesystemIdentifier {
-                    mountpoint: path.display().to_string(),
-                }),
-                used_bytes: Some(UInt64Value {
-                    value: usage.used_bytes,
-                }),
-                inodes_used: Some(UInt64Value {
-                    value: usage.inodes_used,
-                }),
-            }],
-            container_filesystems: Vec::new(),
+            image_filesystems: vec![filesystem.clone()],
+            container_filesystems: vec![filesystem],
         })
     }
 }

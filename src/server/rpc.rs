@@ -58,12 +58,14 @@ impl CriServer {
         }
         let start = Instant::now();
         let deadline = deadline.or_else(deadline::current);
-        let bounded = async {
+        // On the heap: handler futures are large, and the deadline's wrappers would put a
+        // second copy of one on the worker thread's stack.
+        let bounded = Box::pin(async {
             match crate::failpoint::hit_rpc(rpc).await {
                 Ok(()) => call.await,
                 Err(e) => Err(Status::internal(e.to_string())),
             }
-        };
+        });
         let result = match deadline {
             Some(at) => {
                 deadline::scope(Some(at), async {

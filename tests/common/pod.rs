@@ -77,12 +77,14 @@ pub async fn pod_with(crius: &Crius, mut config: PodSandboxConfig) -> Pod {
         .join(&name)
         .display()
         .to_string();
+    let mut request = tonic::Request::new(RunPodSandboxRequest {
+        config: Some(config.clone()),
+        runtime_handler: String::new(),
+    });
+    request.set_timeout(Duration::from_secs(240));
     let id = client
         .runtime
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
+        .run_pod_sandbox(request)
         .await
         .expect("run pod")
         .into_inner()
@@ -109,13 +111,16 @@ pub fn container(name: &str, img: &str, command: &[&str]) -> ContainerConfig {
 
 impl Pod {
     pub async fn create(&mut self, config: ContainerConfig) -> Result<String, tonic::Status> {
+        // With a deadline, as kubelet sends every call.
+        let mut request = tonic::Request::new(CreateContainerRequest {
+            pod_sandbox_id: self.id.clone(),
+            config: Some(config),
+            sandbox_config: Some(self.config.clone()),
+        });
+        request.set_timeout(Duration::from_secs(120));
         self.client
             .runtime
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: self.id.clone(),
-                config: Some(config),
-                sandbox_config: Some(self.config.clone()),
-            })
+            .create_container(request)
             .await
             .map(|r| r.into_inner().container_id)
     }
