@@ -366,8 +366,7 @@ async fn status_advertises_what_each_handler_supports() {
         "#!/bin/sh\nif [ \"$1\" = features ]; then echo '{\"mountOptions\": [\"ro\"]}'; exit 0; fi\nexec runc \"$@\"\n",
     )
     .unwrap();
-    std::fs::set_permissions(&norro, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(&norro, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let norro_path = norro.display().to_string();
     let crius = Crius::start_with(
         |c| {
@@ -457,7 +456,11 @@ async fn status_advertises_what_each_handler_supports() {
         .await
         .expect_err("rro on a runtime without it");
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("recursive read-only"), "{}", err.message());
+    assert!(
+        err.message().contains("recursive read-only"),
+        "{}",
+        err.message()
+    );
     client
         .runtime
         .remove_pod_sandbox(v1::RemovePodSandboxRequest {
@@ -840,5 +843,82 @@ async fn v1alpha2_serves_every_rpc_family_over_grpc_and_ttrpc() {
         )
         .await
         .expect("remove of an unknown image");
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn what_is_not_built_yet_is_refused_not_ignored() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "refusals").await;
+
+    // A pod in its own user namespace would otherwise run as real root.
+    let mut userns = pod_config("userns");
+    userns
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options = Some(v1::NamespaceOption {
+        network: v1::NamespaceMode::Node as i32,
+        userns_options: Some(v1::UserNamespace {
+            mode: v1::NamespaceMode::Pod as i32,
+            uids: vec![v1::IdMapping {
+                host_id: 100_000,
+                container_id: 0,
+                length: 65_536,
+            }],
+            gids: vec![v1::IdMapping {
+                host_id: 100_000,
+                container_id: 0,
+                length: 65_536,
+            }],
+        }),
+        ..Default::default()
+    });
+    let err = pod
+        .client
+        .runtime
+        .run_pod_sandbox(v1::RunPodSandboxRequest {
+            config: Some(userns),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect_err("user namespaces are not built");
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(
+        err.message().contains("user namespace"),
+        "{}",
+        err.message()
+    );
+
+    // An image volume.
+    let mut config = container("imagevol", "busybox:latest", &["sleep", "1000"]);
+    config.mounts.push(v1::Mount {
+        container_path: "/data".into(),
+        image: Some(v1::ImageSpec {
+            image: image("busybox:latest"),
+            ..Default::default()
+        }),
+        readonly: true,
+        ..Default::default()
+    });
+    let err = pod
+        .create(config)
+        .await
+        .expect_err("image volumes are not built");
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(err.message().contains("image volume"), "{}", err.message());
+    // Neither left anything: the container name is free, only the first pod is listed.
+    pod.run(container("imagevol", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let pods = pod
+        .client
+        .runtime
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(pods.len(), 1);
     pod.remove_pod().await;
 }

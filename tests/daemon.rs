@@ -256,7 +256,11 @@ async fn image_fs_info_reports_the_snapshotter_directory() {
     // The writable layers share that filesystem: the same one, not a split one.
     assert_eq!(resp.container_filesystems.len(), 1);
     assert_eq!(
-        resp.container_filesystems[0].fs_id.as_ref().unwrap().mountpoint,
+        resp.container_filesystems[0]
+            .fs_id
+            .as_ref()
+            .unwrap()
+            .mountpoint,
         expected.display().to_string()
     );
 }

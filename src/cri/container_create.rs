@@ -60,7 +60,18 @@ impl CriService {
         } else {
             handler
         };
-        let features = self.handler_features.get(handler).copied().unwrap_or_default();
+        if let Some(m) = config.mounts.iter().find(|m| m.image.is_some()) {
+            return Err(Status::unimplemented(format!(
+                "image volume mount {:?}: mounting an image (Mount.image) is not supported by \
+                 crius yet",
+                m.container_path
+            )));
+        }
+        let features = self
+            .handler_features
+            .get(handler)
+            .copied()
+            .unwrap_or_default();
         if let Some(m) = config.mounts.iter().find(|m| m.recursive_read_only)
             && !features.recursive_read_only_mounts
         {

@@ -55,6 +55,7 @@ impl CriService {
                 )));
             }
         }
+        refuse_user_namespace(&config)?;
         let handler = req.runtime_handler;
         let runtime = self.config.runtime(&handler).cloned().ok_or_else(|| {
             Status::invalid_argument(format!("no runtime for handler {handler:?} is configured"))
@@ -465,4 +466,25 @@ pub(crate) fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::An
         criu_work_path: o.criu_work_path.clone(),
     };
     Some(containerd_client::to_any(&options))
+}
+
+/// A pod in its own user namespace (`hostUsers: false`) is not built yet: refuse it rather
+/// than run it as real root on the host. `Status` says so per handler, so kubelet does not
+/// send such pods.
+fn refuse_user_namespace(config: &PodSandboxConfig) -> Result<(), Status> {
+    let mode = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref())
+        .and_then(|n| n.userns_options.as_ref())
+        .map(|u| u.mode);
+    match mode {
+        Some(mode) if mode != crate::api::v1::NamespaceMode::Node as i32 => {
+            Err(Status::unimplemented(
+                "pods in their own user namespace (hostUsers: false) are not supported by crius yet",
+            ))
+        }
+        _ => Ok(()),
+    }
 }

@@ -14,11 +14,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::api::v1::{
     ContainerAttributes, ContainerStats, ContainerStatsRequest, ContainerStatsResponse, CpuUsage,
-    FilesystemIdentifier, FilesystemUsage, LinuxPodSandboxStats, ListContainerStatsRequest,
-    ListContainerStatsResponse, ListPodSandboxStatsRequest, ListPodSandboxStatsResponse,
-    MemoryUsage as CriMemoryUsage, NetworkInterfaceUsage, NetworkUsage, PodSandboxAttributes,
-    PodSandboxStats, PodSandboxStatsRequest, PodSandboxStatsResponse, ProcessUsage, SwapUsage,
-    UInt64Value,
+    FilesystemIdentifier, FilesystemUsage, IoUsage, LinuxPodSandboxStats,
+    ListContainerStatsRequest, ListContainerStatsResponse, ListPodSandboxStatsRequest,
+    ListPodSandboxStatsResponse, MemoryUsage as CriMemoryUsage, NetworkInterfaceUsage,
+    NetworkUsage, PodSandboxAttributes, PodSandboxStats, PodSandboxStatsRequest,
+    PodSandboxStatsResponse, ProcessUsage, PsiData, PsiStats, SwapUsage, UInt64Value,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -26,7 +26,7 @@ use tonic::Status;
 use super::sandbox_status::labels_match;
 use super::unix_nanos;
 use crate::server::CriService;
-use crate::stats::cgroup::parent_of;
+use crate::stats::cgroup::{Pressure, PressureLine, parent_of};
 use crate::stats::netdev::{InterfaceCounters, read_interfaces};
 use crate::stats::{CgroupUsage, LayerUsage, MemoryUsage};
 use crate::store::{Container, ContainerState, Sandbox, SandboxState};
@@ -218,9 +218,7 @@ impl CriService {
                 annotations: config.annotations.clone(),
             }),
             cpu: usage.and_then(|u| self.cpu_usage(&metadata.id, u, now)),
-            memory: usage
-                .and_then(|u| u.memory.as_ref())
-                .map(|m| memory_usage(m, now)),
+            memory: usage.and_then(|u| cgroup_memory_usage(u, now)),
             writable_layer: self
                 .layer_usages
                 .get(&metadata.id)
@@ -228,8 +226,7 @@ impl CriService {
             swap: usage
                 .and_then(|u| u.memory.as_ref())
                 .and_then(|m| swap_usage(m, now)),
-            // Needs cgroup v2's io.stat; absent rather than zero.
-            io: None,
+            io: usage.and_then(|u| io_usage(u, now)),
         }
     }
 
@@ -242,8 +239,7 @@ impl CriService {
                 .cpu_rates
                 .sample(id, now, total)
                 .map(|v| UInt64Value { value: v }),
-            // Pressure stall information needs cgroup v2; absent rather than zero.
-            psi: None,
+            psi: usage.cpu_pressure.as_ref().map(psi_stats),
         })
     }
 
@@ -313,10 +309,7 @@ impl CriService {
                 cpu: pod_usage
                     .as_ref()
                     .and_then(|u| self.cpu_usage(&metadata.id, u, now)),
-                memory: pod_usage
-                    .as_ref()
-                    .and_then(|u| u.memory.as_ref())
-                    .map(|m| memory_usage(m, now)),
+                memory: pod_usage.as_ref().and_then(|u| cgroup_memory_usage(u, now)),
                 network: (!interfaces.is_empty()).then(|| network_usage(&interfaces, now)),
                 process: pod_usage
                     .as_ref()
@@ -326,7 +319,7 @@ impl CriService {
                         process_count: value(count),
                     }),
                 containers: containers.into_iter().map(|c| c.stats).collect(),
-                io: None,
+                io: pod_usage.as_ref().and_then(|u| io_usage(u, now)),
             }),
             windows: None,
         }
@@ -370,6 +363,34 @@ impl CriService {
         }
         self.layer_usages.retain(&live);
         self.cpu_rates.retain(&live);
+    }
+}
+
+/// Memory usage with its pressure (cgroup v2).
+fn cgroup_memory_usage(usage: &CgroupUsage, now: i64) -> Option<CriMemoryUsage> {
+    let mut memory = memory_usage(usage.memory.as_ref()?, now);
+    memory.psi = usage.memory_pressure.as_ref().map(psi_stats);
+    Some(memory)
+}
+
+/// I/O pressure (cgroup v2); absent, not zero, where the host has none.
+fn io_usage(usage: &CgroupUsage, now: i64) -> Option<IoUsage> {
+    usage.io_pressure.as_ref().map(|pressure| IoUsage {
+        timestamp: now,
+        psi: Some(psi_stats(pressure)),
+    })
+}
+
+fn psi_stats(pressure: &Pressure) -> PsiStats {
+    let data = |line: &PressureLine| PsiData {
+        total: line.total,
+        avg10: line.avg10,
+        avg60: line.avg60,
+        avg300: line.avg300,
+    };
+    PsiStats {
+        full: pressure.full.as_ref().map(data),
+        some: Some(data(&pressure.some)),
     }
 }
 
@@ -437,10 +458,12 @@ fn add_usage(a: &CgroupUsage, b: &CgroupUsage) -> CgroupUsage {
         }),
         (x, y) => x.clone().or_else(|| y.clone()),
     };
+    // Pressure does not add up across cgroups: such a pod reports none.
     CgroupUsage {
         cpu_usage_ns: sum(a.cpu_usage_ns, b.cpu_usage_ns),
         memory,
         pids: sum(a.pids, b.pids),
+        ..Default::default()
     }
 }
 
@@ -467,6 +490,39 @@ mod tests {
     }
 
     #[test]
+    fn pressure_becomes_psi_and_v1_has_none() {
+        let line = PressureLine {
+            avg10: 1.5,
+            avg60: 0.5,
+            avg300: 0.25,
+            total: 99,
+        };
+        let usage = CgroupUsage {
+            memory: Some(MemoryUsage::default()),
+            memory_pressure: Some(Pressure {
+                some: line,
+                full: Some(line),
+            }),
+            io_pressure: Some(Pressure {
+                some: line,
+                full: None,
+            }),
+            ..Default::default()
+        };
+        let memory = cgroup_memory_usage(&usage, 3).unwrap();
+        assert_eq!(memory.psi.unwrap().full.unwrap().total, 99);
+        let io = io_usage(&usage, 3).unwrap();
+        assert_eq!(io.psi.as_ref().unwrap().some.as_ref().unwrap().avg10, 1.5);
+        assert!(io.psi.unwrap().full.is_none());
+        let v1 = CgroupUsage {
+            memory: Some(MemoryUsage::default()),
+            ..Default::default()
+        };
+        assert!(cgroup_memory_usage(&v1, 3).unwrap().psi.is_none());
+        assert!(io_usage(&v1, 3).is_none());
+    }
+
+    #[test]
     fn pods_without_a_cgroup_add_up_their_containers() {
         let a = CgroupUsage {
             cpu_usage_ns: Some(10),
@@ -476,11 +532,13 @@ mod tests {
                 ..Default::default()
             }),
             pids: Some(1),
+            ..Default::default()
         };
         let b = CgroupUsage {
             cpu_usage_ns: Some(5),
             memory: None,
             pids: Some(2),
+            ..Default::default()
         };
         let total = add_usage(&a, &b);
         assert_eq!(total.cpu_usage_ns, Some(15));

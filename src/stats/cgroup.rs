@@ -20,13 +20,73 @@ pub enum CgroupLayout {
 }
 
 /// What a cgroup has used.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CgroupUsage {
     /// Cumulative CPU time in nanoseconds.
     pub cpu_usage_ns: Option<u64>,
     pub memory: Option<MemoryUsage>,
     /// Processes (tasks) in the cgroup.
     pub pids: Option<u64>,
+    /// Pressure stall information (cgroup v2 only: `cpu.pressure`, `memory.pressure`,
+    /// `io.pressure`).
+    pub cpu_pressure: Option<Pressure>,
+    pub memory_pressure: Option<Pressure>,
+    pub io_pressure: Option<Pressure>,
+}
+
+/// One PSI file: the `some` line, and the `full` line where the kernel writes one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pressure {
+    pub some: PressureLine,
+    pub full: Option<PressureLine>,
+}
+
+/// `avg10=0.12 avg60=0.05 avg300=0.01 total=12345` (total in microseconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PressureLine {
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+    pub total: u64,
+}
+
+impl Pressure {
+    /// Parses a PSI file's text; `None` without a valid `some` line.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut some = None;
+        let mut full = None;
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            let slot = match words.next() {
+                Some("some") => &mut some,
+                Some("full") => &mut full,
+                _ => continue,
+            };
+            let mut parsed = PressureLine::default();
+            for word in words {
+                match word.split_once('=') {
+                    Some(("avg10", v)) => parsed.avg10 = v.parse().ok()?,
+                    Some(("avg60", v)) => parsed.avg60 = v.parse().ok()?,
+                    Some(("avg300", v)) => parsed.avg300 = v.parse().ok()?,
+                    Some(("total", v)) => parsed.total = v.parse().ok()?,
+                    _ => {}
+                }
+            }
+            *slot = Some(parsed);
+        }
+        Some(Self { some: some?, full })
+    }
+
+    fn read(path: &Path) -> Option<Self> {
+        // A PSI file is a few hundred bytes; read no more than that, whatever is there.
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(std::fs::File::open(path).ok()?, 4096),
+            &mut text,
+        )
+        .ok()?;
+        Self::parse(&text)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -109,10 +169,12 @@ impl CgroupLayout {
                         .get(controller)
                         .and_then(|(mount, root)| under(mount, root, &relative))
                 };
+                // v1 has no pressure files: PSI stays absent, not zero.
                 CgroupUsage {
                     cpu_usage_ns: dir("cpuacct").and_then(|d| read_u64(&d.join("cpuacct.usage"))),
                     memory: dir("memory").and_then(|d| read_v1_memory(&d)),
                     pids: dir("pids").and_then(|d| read_u64(&d.join("pids.current"))),
+                    ..Default::default()
                 }
             }
         }
@@ -348,6 +410,9 @@ fn read_v2(dir: &Path) -> CgroupUsage {
         cpu_usage_ns: cpu.get("usage_usec").map(|usec| usec * 1000),
         memory,
         pids: read_u64(&dir.join("pids.current")),
+        cpu_pressure: Pressure::read(&dir.join("cpu.pressure")),
+        memory_pressure: Pressure::read(&dir.join("memory.pressure")),
+        io_pressure: Pressure::read(&dir.join("io.pressure")),
     }
 }
 
@@ -415,6 +480,54 @@ mod tests {
             parent_of("/kubepods/pod1/abc"),
             PathBuf::from("/kubepods/pod1")
         );
+    }
+
+    #[test]
+    fn pressure_files_parse_with_and_without_full() {
+        let cpu = Pressure::parse(
+            "some avg10=1.50 avg60=0.25 avg300=0.00 total=12345\n\
+             full avg10=0.50 avg60=0.00 avg300=0.00 total=678\n",
+        )
+        .unwrap();
+        assert_eq!(cpu.some.avg10, 1.5);
+        assert_eq!(cpu.some.total, 12345);
+        assert_eq!(cpu.full.unwrap().total, 678);
+        let some_only = Pressure::parse("some avg10=0.00 avg60=0.00 avg300=0.00 total=9").unwrap();
+        assert_eq!(some_only.full, None);
+        assert_eq!(Pressure::parse(""), None);
+        assert_eq!(Pressure::parse("some avg10=x total=1"), None);
+    }
+
+    #[test]
+    fn v2_reads_pressure_and_v1_leaves_it_absent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("pod");
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in ["cpu.pressure", "memory.pressure", "io.pressure"] {
+            std::fs::write(
+                dir.join(file),
+                "some avg10=0.10 avg60=0.20 avg300=0.30 total=40\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=5\n",
+            )
+            .unwrap();
+        }
+        let v2 = CgroupLayout::V2 {
+            mount: tmp.path().to_path_buf(),
+            root: "/".into(),
+        };
+        let usage = v2.read_path(Path::new("/pod"));
+        assert_eq!(usage.io_pressure.unwrap().some.total, 40);
+        assert_eq!(usage.memory_pressure.unwrap().full.unwrap().total, 5);
+        assert!(usage.cpu_pressure.is_some());
+        let v1 = CgroupLayout::V1 {
+            controllers: [(
+                "memory".to_string(),
+                (tmp.path().to_path_buf(), PathBuf::from("/")),
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let usage = v1.read_path(Path::new("/pod"));
+        assert!(usage.cpu_pressure.is_none() && usage.io_pressure.is_none());
     }
 
     #[test]
