@@ -6,18 +6,20 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::api::v1::LinuxContainerResources;
-use crate::api::v1::{ContainerConfig, MountPropagation, NamespaceMode, PodSandboxConfig};
+use crate::api::v1::{
+    ContainerConfig, LinuxContainerSecurityContext, MountPropagation, NamespaceMode,
+    PodSandboxConfig,
+};
 use oci_spec::runtime::{
-    Capabilities, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
-    LinuxDeviceCgroupBuilder, LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
-    LinuxNamespaceType, LinuxResources, LinuxResourcesBuilder, Mount, ProcessBuilder, RootBuilder,
-    Spec, SpecBuilder, UserBuilder,
+    Capabilities, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxHugepageLimitBuilder,
+    LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceType, LinuxResources, LinuxResourcesBuilder,
+    Mount, Process, ProcessBuilder, Spec,
 };
 
 use super::user::ResolvedUser;
 use super::{
-    MASKED_PATHS, OCI_VERSION, READONLY_PATHS, SpecError, annotations, cgroups_path,
-    default_capabilities, default_mounts, mount, seccomp, security as sec,
+    SpecError, annotations, builder, cgroups_path, default_capabilities, mount, seccomp,
+    security as sec,
 };
 use crate::image::manifest::RunConfig;
 
@@ -164,12 +166,7 @@ fn rootfs_propagation(config: &ContainerConfig) -> Option<&'static str> {
 pub fn linux_resources(
     resources: Option<&LinuxContainerResources>,
 ) -> Result<LinuxResources, SpecError> {
-    let mut builder = LinuxResourcesBuilder::default().devices(vec![
-        LinuxDeviceCgroupBuilder::default()
-            .allow(false)
-            .access("rwm")
-            .build()?,
-    ]);
+    let mut builder = LinuxResourcesBuilder::default().devices(vec![builder::deny_all_devices()?]);
     let Some(r) = resources else {
         return Ok(builder.build()?);
     };
@@ -231,20 +228,13 @@ pub fn linux_resources(
     Ok(builder.build()?)
 }
 
+/// A container's spec: one step per concern, shared with the sandbox spec where they agree
+/// (`builder`).
 pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError> {
     let config = input.config;
     let linux = config.linux.clone().unwrap_or_default();
     let security = linux.security_context.clone().unwrap_or_default();
     let pod_linux = input.sandbox_config.linux.clone().unwrap_or_default();
-    let pod_ns = pod_linux
-        .security_context
-        .as_ref()
-        .and_then(|s| s.namespace_options.clone())
-        .unwrap_or_default();
-    let ns = security
-        .namespace_options
-        .clone()
-        .unwrap_or_else(|| pod_ns.clone());
     let privileged = security.privileged;
     let pod_privileged = pod_linux
         .security_context
@@ -256,7 +246,58 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         ));
     }
 
-    let args = process_args(&config.command, &config.args, input.image)?;
+    let (process, permitted) = container_process(input, &security)?;
+    let mut resources = linux_resources(linux.resources.as_ref())?;
+    let devices = container_devices(config, privileged, &mut resources)?;
+    let (masked, readonly) = builder::masked_and_readonly_paths(
+        privileged,
+        &security.masked_paths,
+        &security.readonly_paths,
+    );
+    let mut linux_spec = LinuxBuilder::default()
+        .namespaces(container_namespaces(input, &security)?)
+        .cgroups_path(PathBuf::from(cgroups_path(
+            &pod_linux.cgroup_parent,
+            input.id,
+            input.namespace,
+            input.systemd_cgroup,
+        )))
+        .resources(resources)
+        .devices(devices)
+        .masked_paths(masked)
+        .readonly_paths(readonly)
+        .build()?;
+    linux_spec.set_seccomp(seccomp::select(
+        security.seccomp.as_ref(),
+        #[allow(deprecated)]
+        &security.seccomp_profile_path,
+        privileged,
+        &permitted,
+    )?);
+    if let Some(propagation) = rootfs_propagation(config) {
+        linux_spec.set_rootfs_propagation(Some(propagation.to_string()));
+    }
+
+    builder::assemble(builder::SpecParts {
+        readonly_rootfs: security.readonly_rootfs,
+        process,
+        mounts: container_mounts(input, privileged, security.readonly_rootfs)?,
+        linux: linux_spec,
+        annotations: container_annotations(input),
+        // Containers share the pod's UTS namespace and its hostname.
+        hostname: None,
+    })
+}
+
+/// The container's process: command, environment, working dir, user, capabilities (with
+/// ambient ones), no_new_privs, OOM score and AppArmor. Returns the permitted capabilities
+/// too, which the seccomp profile depends on.
+fn container_process(
+    input: &ContainerSpecInput<'_>,
+    security: &LinuxContainerSecurityContext,
+) -> Result<(Process, Capabilities), SpecError> {
+    let config = input.config;
+    let privileged = security.privileged;
     let cri_env: Vec<(String, String)> = config
         .envs
         .iter()
@@ -269,14 +310,41 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         })
         .collect();
     let env = merge_env(&input.image.env.clone().unwrap_or_default(), &cri_env);
-    let cwd = if !config.working_dir.is_empty() {
-        config.working_dir.clone()
-    } else if !input.image.working_dir.is_empty() {
-        input.image.working_dir.clone()
-    } else {
-        "/".to_string()
-    };
-    let caps = if privileged {
+    let cwd = [&config.working_dir, &input.image.working_dir]
+        .into_iter()
+        .find(|dir| !dir.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "/".to_string());
+    let (permitted, ambient) = container_capabilities(security)?;
+    let mut process = ProcessBuilder::default()
+        .terminal(config.tty)
+        .user(builder::user(
+            input.user.uid,
+            input.user.gid,
+            input.user.additional_gids.clone(),
+        )?)
+        .args(process_args(&config.command, &config.args, input.image)?)
+        .env(env)
+        .cwd(cwd)
+        .capabilities(builder::capability_sets(&permitted, &ambient)?)
+        .no_new_privileges(security.no_new_privs)
+        .build()?;
+    process.set_oom_score_adj(input.oom_score_adj);
+    process.set_apparmor_profile(sec::apparmor_profile(
+        security.apparmor.as_ref(),
+        #[allow(deprecated)]
+        &security.apparmor_profile,
+        privileged,
+    )?);
+    Ok((builder::without_rlimits(process), permitted))
+}
+
+/// The permitted set (every capability when privileged, else the defaults with the CRI's
+/// adds and drops, plus the ambient ones, which must be permitted) and the ambient set.
+fn container_capabilities(
+    security: &LinuxContainerSecurityContext,
+) -> Result<(Capabilities, Capabilities), SpecError> {
+    let mut permitted = if security.privileged {
         sec::all_capabilities()
     } else {
         let cri_caps = security.capabilities.clone().unwrap_or_default();
@@ -297,89 +365,45 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         })
         .transpose()?
         .unwrap_or_default();
-    // Ambient capabilities must also be permitted and inheritable.
-    let mut permitted = caps.clone();
     permitted.extend(ambient.iter().copied());
-    let mut process = ProcessBuilder::default()
-        .terminal(config.tty)
-        .user(
-            UserBuilder::default()
-                .uid(input.user.uid)
-                .gid(input.user.gid)
-                .additional_gids(input.user.additional_gids.clone())
-                .build()?,
-        )
-        .args(args)
-        .env(env)
-        .cwd(cwd)
-        .capabilities(
-            LinuxCapabilitiesBuilder::default()
-                .bounding(permitted.clone())
-                .effective(permitted.clone())
-                .permitted(permitted.clone())
-                .inheritable(ambient.clone())
-                .ambient(ambient)
-                .build()?,
-        )
-        .no_new_privileges(security.no_new_privs)
-        .build()?;
-    process.set_rlimits(None);
-    process.set_oom_score_adj(input.oom_score_adj);
-    process.set_apparmor_profile(sec::apparmor_profile(
-        security.apparmor.as_ref(),
-        #[allow(deprecated)]
-        &security.apparmor_profile,
-        privileged,
-    )?);
-    let seccomp = seccomp::select(
-        security.seccomp.as_ref(),
-        #[allow(deprecated)]
-        &security.seccomp_profile_path,
-        privileged,
-        &permitted,
-    )?;
+    Ok((permitted, ambient))
+}
 
-    let proc_ns = |kind: &str| PathBuf::from(format!("/proc/{}/ns/{kind}", input.sandbox_pid));
-    let mut namespaces = vec![
-        LinuxNamespaceBuilder::default()
-            .typ(LinuxNamespaceType::Mount)
-            .build()?,
-    ];
+/// A new mount namespace; the pod's network, UTS and IPC namespaces (unless the host's);
+/// the PID namespace by mode: the host's, its own, the pod's, or a target container's.
+fn container_namespaces(
+    input: &ContainerSpecInput<'_>,
+    security: &LinuxContainerSecurityContext,
+) -> Result<Vec<LinuxNamespace>, SpecError> {
+    let pod_ns = input
+        .sandbox_config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone())
+        .unwrap_or_default();
+    let ns = security
+        .namespace_options
+        .clone()
+        .unwrap_or_else(|| pod_ns.clone());
+    let pod = |kind: &str| {
+        Some(PathBuf::from(format!(
+            "/proc/{}/ns/{kind}",
+            input.sandbox_pid
+        )))
+    };
+    let mut namespaces = vec![builder::namespace(LinuxNamespaceType::Mount, None)?];
     if pod_ns.network != NamespaceMode::Node as i32 {
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Network)
-                .path(proc_ns("net"))
-                .build()?,
-        );
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Uts)
-                .path(proc_ns("uts"))
-                .build()?,
-        );
+        namespaces.push(builder::namespace(LinuxNamespaceType::Network, pod("net"))?);
+        namespaces.push(builder::namespace(LinuxNamespaceType::Uts, pod("uts"))?);
     }
     if pod_ns.ipc != NamespaceMode::Node as i32 {
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Ipc)
-                .path(proc_ns("ipc"))
-                .build()?,
-        );
+        namespaces.push(builder::namespace(LinuxNamespaceType::Ipc, pod("ipc"))?);
     }
-    match NamespaceMode::try_from(ns.pid).unwrap_or(NamespaceMode::Pod) {
-        NamespaceMode::Node => {}
-        NamespaceMode::Container => namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Pid)
-                .build()?,
-        ),
-        NamespaceMode::Pod => namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Pid)
-                .path(proc_ns("pid"))
-                .build()?,
-        ),
+    let pid_path = match NamespaceMode::try_from(ns.pid).unwrap_or(NamespaceMode::Pod) {
+        NamespaceMode::Node => return Ok(namespaces),
+        NamespaceMode::Container => None,
+        NamespaceMode::Pod => pod("pid"),
         NamespaceMode::Target => {
             let pid = input.target_pid.ok_or_else(|| {
                 SpecError::Invalid(format!(
@@ -387,21 +411,24 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
                     ns.target_id
                 ))
             })?;
-            namespaces.push(
-                LinuxNamespaceBuilder::default()
-                    .typ(LinuxNamespaceType::Pid)
-                    .path(PathBuf::from(format!("/proc/{pid}/ns/pid")))
-                    .build()?,
-            );
+            Some(PathBuf::from(format!("/proc/{pid}/ns/pid")))
         }
-    }
+    };
+    namespaces.push(builder::namespace(LinuxNamespaceType::Pid, pid_path)?);
+    Ok(namespaces)
+}
 
-    let mut mounts = default_mounts()?;
-    mounts.retain(|m| m.destination() != &PathBuf::from("/dev/shm"));
-    let sys_access = if privileged { "rw" } else { "ro" };
+/// containerd's default mounts (a writable /sys when privileged), the cgroup filesystem,
+/// the pod's hosts, hostname, resolv.conf and /dev/shm unless a CRI mount takes their
+/// place, then the CRI mounts.
+fn container_mounts(
+    input: &ContainerSpecInput<'_>,
+    privileged: bool,
+    readonly_rootfs: bool,
+) -> Result<Vec<Mount>, SpecError> {
+    let mut mounts = builder::base_mounts()?;
     if privileged {
-        // Privileged containers get a writable /sys.
-        mounts.retain(|m| m.destination() != &PathBuf::from("/sys"));
+        mounts.retain(|m| m.destination() != Path::new("/sys"));
         mounts.push(mount(
             "/sys",
             "sysfs",
@@ -409,134 +436,83 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
             &["nosuid", "noexec", "nodev", "rw"],
         )?);
     }
+    let sys_access = if privileged { "rw" } else { "ro" };
     mounts.push(mount(
         "/sys/fs/cgroup",
         "cgroup",
         "cgroup",
         &["nosuid", "noexec", "nodev", "relatime", sys_access],
     )?);
-    let user_mounts = cri_mounts(config)?;
+    let user_mounts = cri_mounts(input.config)?;
     let taken = |dest: &str| {
         user_mounts
             .iter()
-            .any(|m| m.destination() == &PathBuf::from(dest))
+            .any(|m| m.destination() == Path::new(dest))
     };
-    let files_access = if security.readonly_rootfs { "ro" } else { "rw" };
-    for (dest, source) in [
-        ("/etc/hosts", input.pod_files.hosts),
-        ("/etc/hostname", input.pod_files.hostname),
-        ("/etc/resolv.conf", input.pod_files.resolv_conf),
-    ] {
+    let files_access = if readonly_rootfs { "ro" } else { "rw" };
+    let files = [
+        ("/etc/hosts", input.pod_files.hosts, files_access),
+        ("/etc/hostname", input.pod_files.hostname, files_access),
+        (
+            "/etc/resolv.conf",
+            input.pod_files.resolv_conf,
+            files_access,
+        ),
+        ("/dev/shm", input.pod_files.shm, "rw"),
+    ];
+    for (dest, source, access) in files {
         if !taken(dest) {
             mounts.push(mount(
                 dest,
                 "bind",
                 &source.display().to_string(),
-                &["rbind", "rprivate", files_access],
+                &["rbind", "rprivate", access],
             )?);
         }
     }
-    if !taken("/dev/shm") {
-        mounts.push(mount(
-            "/dev/shm",
-            "bind",
-            &input.pod_files.shm.display().to_string(),
-            &["rbind", "rprivate", "rw"],
-        )?);
-    }
     mounts.extend(user_mounts);
+    Ok(mounts)
+}
 
-    let mut resources = linux_resources(linux.resources.as_ref())?;
+/// The devices the container gets (the host's when privileged, then the CRI's) and their
+/// cgroup rules, which go into `resources`.
+fn container_devices(
+    config: &ContainerConfig,
+    privileged: bool,
+    resources: &mut LinuxResources,
+) -> Result<Vec<LinuxDevice>, SpecError> {
     let mut devices = Vec::new();
-    let mut device_rules = resources.devices().clone().unwrap_or_default();
+    let mut rules = resources.devices().clone().unwrap_or_default();
     if privileged {
         devices.extend(sec::host_devices());
-        device_rules = vec![
-            LinuxDeviceCgroupBuilder::default()
-                .allow(true)
-                .access("rwm")
-                .build()?,
-        ];
+        rules = vec![builder::allow_all_devices()?];
     }
     for d in &config.devices {
         let (dev, rule) = sec::device(Path::new(&d.host_path), &d.container_path, &d.permissions)?;
         devices.retain(|existing| existing.path() != dev.path());
         devices.push(dev);
-        device_rules.push(rule);
+        rules.push(rule);
     }
-    resources.set_devices(Some(device_rules));
-    let (masked, readonly) = if privileged {
-        (Vec::new(), Vec::new())
-    } else {
-        (
-            if security.masked_paths.is_empty() {
-                MASKED_PATHS.iter().map(|p| p.to_string()).collect()
-            } else {
-                security.masked_paths.clone()
-            },
-            if security.readonly_paths.is_empty() {
-                READONLY_PATHS.iter().map(|p| p.to_string()).collect()
-            } else {
-                security.readonly_paths.clone()
-            },
-        )
-    };
-    let mut linux_spec = LinuxBuilder::default()
-        .namespaces(namespaces)
-        .cgroups_path(PathBuf::from(cgroups_path(
-            &pod_linux.cgroup_parent,
-            input.id,
-            input.namespace,
-            input.systemd_cgroup,
-        )))
-        .resources(resources)
-        .devices(devices)
-        .masked_paths(masked)
-        .readonly_paths(readonly)
-        .build()?;
-    linux_spec.set_seccomp(seccomp);
-    if let Some(propagation) = rootfs_propagation(config) {
-        linux_spec.set_rootfs_propagation(Some(propagation.to_string()));
-    }
+    resources.set_devices(Some(rules));
+    Ok(devices)
+}
 
+/// The CRI annotations of a container: the pod's, its own name and its image's.
+fn container_annotations(input: &ContainerSpecInput<'_>) -> HashMap<String, String> {
     let pod = input.sandbox_config.metadata.clone().unwrap_or_default();
-    let name = config.metadata.clone().unwrap_or_default().name;
-    let mut spec_annotations = input.passthrough_annotations.clone();
-    spec_annotations.extend([
-        (
-            annotations::CONTAINER_TYPE.to_string(),
-            annotations::CONTAINER_TYPE_CONTAINER.to_string(),
-        ),
-        (
-            annotations::SANDBOX_ID.to_string(),
-            input.sandbox_id.to_string(),
-        ),
-        (annotations::SANDBOX_NAME.to_string(), pod.name),
-        (annotations::SANDBOX_NAMESPACE.to_string(), pod.namespace),
-        (annotations::SANDBOX_UID.to_string(), pod.uid),
-        (annotations::CONTAINER_NAME.to_string(), name),
-        (
-            annotations::IMAGE_NAME.to_string(),
-            input.image_name.to_string(),
-        ),
-    ]);
-
-    let mut spec = SpecBuilder::default()
-        .version(OCI_VERSION)
-        .root(
-            RootBuilder::default()
-                .path(PathBuf::from("rootfs"))
-                .readonly(security.readonly_rootfs)
-                .build()?,
-        )
-        .process(process)
-        .mounts(mounts)
-        .linux(linux_spec)
-        .annotations(spec_annotations)
-        .build()?;
-    // Containers share the pod's UTS namespace and its hostname.
-    spec.set_hostname(None);
-    Ok(spec)
+    let mut all = builder::pod_annotations(
+        &input.passthrough_annotations,
+        annotations::CONTAINER_TYPE_CONTAINER,
+        input.sandbox_id,
+        &pod,
+    );
+    let name = input.config.metadata.clone().unwrap_or_default().name;
+    all.insert(annotations::CONTAINER_NAME.to_string(), name);
+    all.insert(
+        annotations::IMAGE_NAME.to_string(),
+        input.image_name.to_string(),
+    );
+    all
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
-//! OCI runtime specs for sandboxes (and, as they land, containers), built the way
-//! containerd's CRI builds them: containerd's default Linux spec, then the CRI config on top.
+//! OCI runtime specs for sandboxes (here) and containers (`container`), built the way
+//! containerd's CRI builds them: containerd's default Linux spec, then the CRI config on top,
+//! one step per concern, with the steps both share in `builder`.
 //!
 //! Nothing here touches the filesystem or containerd: inputs in, a `Spec` out.
 
 pub mod annotations;
+pub mod builder;
 pub mod container;
 pub mod features;
 pub mod seccomp;
@@ -15,9 +17,8 @@ use std::path::PathBuf;
 
 use crate::api::v1::{NamespaceMode, PodSandboxConfig};
 use oci_spec::runtime::{
-    Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
-    LinuxDeviceCgroupBuilder, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder,
-    Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    Capabilities, Capability, LinuxBuilder, LinuxCpuBuilder, LinuxNamespaceType,
+    LinuxResourcesBuilder, Mount, MountBuilder, ProcessBuilder, Spec,
 };
 
 use crate::image::manifest::RunConfig;
@@ -167,14 +168,70 @@ pub struct SandboxSpecInput<'a> {
     pub passthrough_annotations: HashMap<String, String>,
 }
 
-/// The pause container's spec.
+/// The pause container's spec: one step per concern, shared with containers where they
+/// agree (`builder`).
 pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
     let config = input.config;
-    let metadata = config.metadata.clone().unwrap_or_default();
     let linux = config.linux.clone().unwrap_or_default();
     let security = linux.security_context.clone().unwrap_or_default();
     let ns = security.namespace_options.clone().unwrap_or_default();
+    let host_network = ns.network == NamespaceMode::Node as i32;
+    security::validate_sysctls(
+        &linux.sysctls,
+        host_network,
+        ns.ipc == NamespaceMode::Node as i32,
+    )?;
+    let caps = default_capabilities();
+    let (masked, readonly) = builder::masked_and_readonly_paths(false, &[], &[]);
+    let mut linux_spec = LinuxBuilder::default()
+        .namespaces(sandbox_namespaces(&ns, input.netns_path)?)
+        .cgroups_path(PathBuf::from(cgroups_path(
+            &linux.cgroup_parent,
+            input.id,
+            input.namespace,
+            input.systemd_cgroup,
+        )))
+        .resources(sandbox_resources()?)
+        .sysctl(linux.sysctls.clone())
+        .masked_paths(masked)
+        .readonly_paths(readonly)
+        .build()?;
+    linux_spec.set_seccomp(seccomp::select(
+        security.seccomp.as_ref(),
+        #[allow(deprecated)]
+        &security.seccomp_profile_path,
+        security.privileged,
+        &caps,
+    )?);
 
+    let metadata = config.metadata.clone().unwrap_or_default();
+    let mut annotations = builder::pod_annotations(
+        &input.passthrough_annotations,
+        annotations::CONTAINER_TYPE_SANDBOX,
+        input.id,
+        &metadata,
+    );
+    annotations.insert(
+        annotations::SANDBOX_LOG_DIRECTORY.to_string(),
+        config.log_directory.clone(),
+    );
+    builder::assemble(builder::SpecParts {
+        readonly_rootfs: true,
+        process: sandbox_process(input, &security, &caps)?,
+        mounts: sandbox_mounts(input)?,
+        linux: linux_spec,
+        annotations,
+        // A pod with its own network has its own UTS namespace and hostname.
+        hostname: (!host_network && !config.hostname.is_empty()).then(|| config.hostname.clone()),
+    })
+}
+
+/// The pause process: the image's command as the pod's user, default capabilities.
+fn sandbox_process(
+    input: &SandboxSpecInput<'_>,
+    security: &crate::api::v1::LinuxSandboxSecurityContext,
+    caps: &Capabilities,
+) -> Result<oci_spec::runtime::Process, SpecError> {
     let mut args: Vec<String> = input.image.entrypoint.clone().unwrap_or_default();
     args.extend(input.image.cmd.clone().unwrap_or_default());
     if args.is_empty() {
@@ -191,75 +248,50 @@ pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
         .iter()
         .filter_map(|g| u32::try_from(*g).ok())
         .collect();
-    let caps = default_capabilities();
+    let cwd = if input.image.working_dir.is_empty() {
+        "/".to_string()
+    } else {
+        input.image.working_dir.clone()
+    };
     let process = ProcessBuilder::default()
         .terminal(false)
-        .user(
-            UserBuilder::default()
-                .uid(uid)
-                .gid(gid)
-                .additional_gids(additional_gids)
-                .build()?,
-        )
+        .user(builder::user(uid, gid, additional_gids)?)
         .args(args)
         .env(input.image.env.clone().unwrap_or_default())
-        .cwd(if input.image.working_dir.is_empty() {
-            "/".to_string()
-        } else {
-            input.image.working_dir.clone()
-        })
-        .capabilities(
-            LinuxCapabilitiesBuilder::default()
-                .bounding(caps.clone())
-                .effective(caps.clone())
-                .permitted(caps.clone())
-                .inheritable(Capabilities::new())
-                .ambient(Capabilities::new())
-                .build()?,
-        )
+        .cwd(cwd)
+        .capabilities(builder::capability_sets(caps, &Capabilities::new())?)
         .no_new_privileges(true)
         .oom_score_adj(input.oom_score_adj)
         .build()?;
-    // No default rlimits: the pause process inherits the shim's, as in containerd's CRI.
-    let mut process = process;
-    process.set_rlimits(None);
+    Ok(builder::without_rlimits(process))
+}
 
-    let host_network = ns.network == NamespaceMode::Node as i32;
-    let mut namespaces = vec![
-        LinuxNamespaceBuilder::default()
-            .typ(LinuxNamespaceType::Mount)
-            .build()?,
-    ];
+/// The namespaces the pause process creates (and holds for the pod); the network one is
+/// the pinned netns.
+fn sandbox_namespaces(
+    ns: &crate::api::v1::NamespaceOption,
+    netns_path: Option<&str>,
+) -> Result<Vec<oci_spec::runtime::LinuxNamespace>, SpecError> {
+    let mut namespaces = vec![builder::namespace(LinuxNamespaceType::Mount, None)?];
     if ns.pid != NamespaceMode::Node as i32 {
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Pid)
-                .build()?,
-        );
+        namespaces.push(builder::namespace(LinuxNamespaceType::Pid, None)?);
     }
     if ns.ipc != NamespaceMode::Node as i32 {
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Ipc)
-                .build()?,
-        );
+        namespaces.push(builder::namespace(LinuxNamespaceType::Ipc, None)?);
     }
-    if let (false, Some(path)) = (host_network, input.netns_path) {
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Network)
-                .path(PathBuf::from(path))
-                .build()?,
-        );
-        namespaces.push(
-            LinuxNamespaceBuilder::default()
-                .typ(LinuxNamespaceType::Uts)
-                .build()?,
-        );
+    if let (false, Some(path)) = (ns.network == NamespaceMode::Node as i32, netns_path) {
+        namespaces.push(builder::namespace(
+            LinuxNamespaceType::Network,
+            Some(PathBuf::from(path)),
+        )?);
+        namespaces.push(builder::namespace(LinuxNamespaceType::Uts, None)?);
     }
+    Ok(namespaces)
+}
 
-    let mut mounts = default_mounts()?;
-    mounts.retain(|m| m.destination() != &PathBuf::from("/dev/shm"));
+/// The pod's /dev/shm and resolv.conf, read-only for the pause process.
+fn sandbox_mounts(input: &SandboxSpecInput<'_>) -> Result<Vec<Mount>, SpecError> {
+    let mut mounts = builder::base_mounts()?;
     mounts.push(mount(
         "/dev/shm",
         "bind",
@@ -272,97 +304,19 @@ pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
         input.resolv_conf_path,
         &["rbind", "ro"],
     )?);
+    Ok(mounts)
+}
 
-    let resources = LinuxResourcesBuilder::default()
-        .devices(vec![
-            LinuxDeviceCgroupBuilder::default()
-                .allow(false)
-                .access("rwm")
-                .build()?,
-        ])
+/// No devices, and containerd's CPU shares for the pause container.
+fn sandbox_resources() -> Result<oci_spec::runtime::LinuxResources, SpecError> {
+    Ok(LinuxResourcesBuilder::default()
+        .devices(vec![builder::deny_all_devices()?])
         .cpu(
             LinuxCpuBuilder::default()
                 .shares(SANDBOX_CPU_SHARES)
                 .build()?,
         )
-        .build()?;
-    security::validate_sysctls(
-        &linux.sysctls,
-        host_network,
-        ns.ipc == NamespaceMode::Node as i32,
-    )?;
-    let seccomp = seccomp::select(
-        security.seccomp.as_ref(),
-        #[allow(deprecated)]
-        &security.seccomp_profile_path,
-        security.privileged,
-        &caps,
-    )?;
-    let mut linux_spec = LinuxBuilder::default()
-        .namespaces(namespaces)
-        .cgroups_path(PathBuf::from(cgroups_path(
-            &linux.cgroup_parent,
-            input.id,
-            input.namespace,
-            input.systemd_cgroup,
-        )))
-        .resources(resources)
-        .sysctl(linux.sysctls.clone())
-        .masked_paths(
-            MASKED_PATHS
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .readonly_paths(
-            READONLY_PATHS
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .build()?;
-    linux_spec.set_seccomp(seccomp);
-
-    let mut spec_annotations = input.passthrough_annotations.clone();
-    spec_annotations.extend([
-        (
-            annotations::CONTAINER_TYPE.to_string(),
-            annotations::CONTAINER_TYPE_SANDBOX.to_string(),
-        ),
-        (annotations::SANDBOX_ID.to_string(), input.id.to_string()),
-        (annotations::SANDBOX_NAME.to_string(), metadata.name.clone()),
-        (
-            annotations::SANDBOX_NAMESPACE.to_string(),
-            metadata.namespace.clone(),
-        ),
-        (annotations::SANDBOX_UID.to_string(), metadata.uid.clone()),
-        (
-            annotations::SANDBOX_LOG_DIRECTORY.to_string(),
-            config.log_directory.clone(),
-        ),
-    ]);
-
-    let mut builder = SpecBuilder::default()
-        .version(OCI_VERSION)
-        .root(
-            RootBuilder::default()
-                .path(PathBuf::from("rootfs"))
-                .readonly(true)
-                .build()?,
-        )
-        .process(process)
-        .mounts(mounts)
-        .linux(linux_spec)
-        .annotations(spec_annotations);
-    if !host_network && !config.hostname.is_empty() {
-        builder = builder.hostname(config.hostname.clone());
-    }
-    let mut spec = builder.build()?;
-    if host_network || config.hostname.is_empty() {
-        // The builder's default is a made-up name; the host's own applies instead.
-        spec.set_hostname(None);
-    }
-    Ok(spec)
+        .build()?)
 }
 
 /// The uid and gid a process runs as; a group without a user is an error, as in the CRI.
