@@ -290,7 +290,7 @@ pub struct RegistryHostConfig {
 }
 
 /// Static credentials for one registry, with the keys containerd uses.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RegistryAuth {
     pub username: String,
@@ -298,6 +298,49 @@ pub struct RegistryAuth {
     /// base64 of `username:password`.
     pub auth: String,
     pub identitytoken: String,
+}
+
+/// The secrets of a `RegistryAuth` as they may be shown: `<redacted>` when set.
+pub const REDACTED: &str = "<redacted>";
+
+fn redact(secret: &str) -> &str {
+    if secret.is_empty() { "" } else { REDACTED }
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth")
+            .field("username", &self.username)
+            .field("password", &redact(&self.password))
+            .field("auth", &redact(&self.auth))
+            .field("identitytoken", &redact(&self.identitytoken))
+            .finish()
+    }
+}
+
+impl RegistryAuth {
+    /// The same credentials with the secrets replaced, for showing (`crictl info`).
+    pub fn redacted(&self) -> Self {
+        Self {
+            username: self.username.clone(),
+            password: redact(&self.password).to_string(),
+            auth: redact(&self.auth).to_string(),
+            identitytoken: redact(&self.identitytoken).to_string(),
+        }
+    }
+}
+
+impl Config {
+    /// The config as `Status` shows it: registry secrets redacted.
+    pub fn redacted(&self) -> Self {
+        let mut shown = self.clone();
+        for host in shown.registry.configs.values_mut() {
+            if let Some(auth) = host.auth.as_mut() {
+                *auth = auth.redacted();
+            }
+        }
+        shown
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -592,6 +635,34 @@ mod tests {
         let config: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
+    }
+
+    #[test]
+    fn registry_secrets_never_show_in_debug_or_the_shown_config() {
+        let config = parse(
+            r#"
+[registry.configs."example.com".auth]
+username = "alice"
+password = "hunter2"
+auth = "YWxpY2U6aHVudGVyMg=="
+"#,
+        )
+        .unwrap();
+        let shown = serde_json::to_string(&config.redacted()).unwrap();
+        let debug = format!("{config:?}");
+        for text in [&shown, &debug] {
+            assert!(
+                !text.contains("hunter2") && !text.contains("YWxpY2U6"),
+                "{text}"
+            );
+            assert!(text.contains("alice") && text.contains(REDACTED), "{text}");
+        }
+        // The config itself keeps them: crius uses them.
+        let auth = config.registry.configs["example.com"]
+            .auth
+            .as_ref()
+            .unwrap();
+        assert_eq!(auth.password, "hunter2");
     }
 
     #[test]

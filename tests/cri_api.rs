@@ -652,12 +652,7 @@ async fn update_pod_sandbox_resources_is_kept_and_applied_to_the_pod_cgroup() {
     assert_eq!(err.code(), tonic::Code::NotFound);
 
     pod.remove_pod().await;
-    for controller in [
-        "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
-        "unified", "",
-    ] {
-        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}{parent}"));
-    }
+    common::remove_cgroup(&parent);
 }
 
 #[tokio::test]

@@ -408,13 +408,7 @@ async fn a_pod_with_its_own_cgroup_reports_that_cgroup() {
             .is_some_and(|c| c.value >= 2)
     );
     pod.remove_pod().await;
-    // runc leaves the parent cgroup behind; it is the test's to remove.
-    for controller in [
-        "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
-        "unified", "",
-    ] {
-        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}{parent}"));
-    }
+    common::remove_cgroup(&parent);
 }
 
 #[tokio::test]

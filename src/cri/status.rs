@@ -43,7 +43,7 @@ impl CriService {
 
         let mut info = HashMap::new();
         if req.verbose {
-            info.insert("config".to_string(), to_json(&self.config));
+            info.insert("config".to_string(), to_json(&self.config.redacted()));
             info.insert("cniconfig".to_string(), self.cni.to_json().to_string());
             let last = match self.cni.ready() {
                 Ok(()) => "OK".to_string(),

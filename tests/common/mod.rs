@@ -55,6 +55,17 @@ impl Testbed {
     }
 }
 
+/// Removes the cgroup `parent` (a pod's cgroup parent) from every hierarchy: runc leaves a
+/// parent cgroup behind, so it is the test's to remove.
+pub fn remove_cgroup(parent: &str) {
+    for controller in [
+        "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
+        "unified", "",
+    ] {
+        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}{parent}"));
+    }
+}
+
 /// The major version of the containerd on the PATH (the one the test bed runs).
 pub fn containerd_major() -> u32 {
     let out = Command::new("containerd")
