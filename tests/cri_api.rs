@@ -917,3 +917,70 @@ async fn what_is_not_built_yet_is_refused_not_ignored() {
     assert_eq!(pods.len(), 1);
     pod.remove_pod().await;
 }
+
+#[tokio::test]
+async fn a_client_that_gives_up_never_cuts_a_create_in_half() {
+    let crius = Crius::start_with(
+        |_| {},
+        &[("CRIUS_FAILPOINTS", "container_after_record=sleep(2500)")],
+    )
+    .await;
+    let mut pod = pod(&crius, "given-up").await;
+    let mut request = tonic::Request::new(v1::CreateContainerRequest {
+        pod_sandbox_id: pod.id.clone(),
+        config: Some(container("patient", "busybox:latest", &["sleep", "1000"])),
+        sandbox_config: Some(pod.config.clone()),
+    });
+    request.set_timeout(Duration::from_millis(500));
+    let err = pod
+        .client
+        .runtime
+        .create_container(request)
+        .await
+        .expect_err("the client's deadline passes first");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+
+    // The create goes on to the end: the container is whole, CREATED, with its name, and
+    // it starts and is removed like any other.
+    let listed = common::eventually(Duration::from_secs(10), || {
+        let mut client = pod.client.clone();
+        async move {
+            client
+                .runtime
+                .list_containers(ListContainersRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .containers
+                .iter()
+                .any(|c| c.state == v1::ContainerState::ContainerCreated as i32)
+        }
+    })
+    .await;
+    assert!(
+        listed,
+        "the create did not finish; crius log:\n{}",
+        crius.log()
+    );
+    let containers = pod
+        .client
+        .runtime
+        .list_containers(ListContainersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert_eq!(containers.len(), 1);
+    let id = containers[0].id.clone();
+    assert_eq!(containers[0].metadata.as_ref().unwrap().name, "patient");
+    pod.start(&id)
+        .await
+        .expect("start the container the first attempt made");
+    assert!(crius.ctr(&["tasks", "ls"]).contains(&id));
+    pod.remove(&id).await;
+    // Its name is free again.
+    pod.create(container("patient", "busybox:latest", &["true"]))
+        .await
+        .expect("the name is free after removal");
+    pod.remove_pod().await;
+}

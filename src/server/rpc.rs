@@ -119,12 +119,28 @@ impl CriServer {
     ) -> Result<tonic::Response<Resp>, Status>
     where
         Req: LogIds,
-        Fut: Future<Output = Result<Resp, Status>>,
+        Resp: Send + 'static,
+        Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
         let deadline = grpc_deadline(request.metadata());
         let req = request.into_inner();
         let ids = req.log_ids();
-        self.instrument(rpc, ids, deadline, handler(self.service.clone(), req))
+        let call = handler(self.service.clone(), req);
+        if is_read_only(rpc) {
+            return self
+                .instrument(rpc, ids, deadline, call)
+                .await
+                .map(tonic::Response::new);
+        }
+        // A change runs in a task of its own: a client that gives up (its deadline, a
+        // disconnect) ends the wait, never the operation half-way through.
+        // Spawned on first poll: after the initialized gate and the failpoints.
+        let joined = async move {
+            tokio::spawn(call)
+                .await
+                .unwrap_or_else(|e| Err(Status::internal(format!("{rpc} failed: {e}"))))
+        };
+        self.instrument(rpc, ids, deadline, joined)
             .await
             .map(tonic::Response::new)
     }
