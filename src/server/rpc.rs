@@ -134,9 +134,11 @@ impl CriServer {
         }
         // A change runs in a task of its own: a client that gives up (its deadline, a
         // disconnect) ends the wait, never the operation half-way through.
-        // Spawned on first poll: after the initialized gate and the failpoints.
+        // Spawned on first poll: after the initialized gate and the failpoints. The task
+        // keeps the deadline (task-locals do not cross a spawn), so PullImage still sees it.
+        let task_deadline = deadline.or_else(deadline::current);
         let joined = async move {
-            tokio::spawn(call)
+            tokio::spawn(deadline::scope(task_deadline, call))
                 .await
                 .unwrap_or_else(|e| Err(Status::internal(format!("{rpc} failed: {e}"))))
         };
