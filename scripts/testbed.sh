@@ -217,6 +217,32 @@ PY
     "docker://$REGISTRY_ADDR/multiarch:latest"
 }
 
+# A data-only image of two layers for image volumes: the second adds a file and deletes
+# one of the first, and the first has symlinks that point out of the image.
+push_volume_image() {
+  local tag=volume:latest bundle=$TB/images/bundle-volume
+  umoci new --image "$LAYOUT:$tag"
+  umoci unpack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  local rootfs=$bundle/rootfs
+  mkdir -p "$rootfs/data/dir" "$rootfs/etc"
+  echo 'layer one' >"$rootfs/data/one.txt"
+  echo 'nested' >"$rootfs/data/dir/nested.txt"
+  echo 'to be deleted' >"$rootfs/data/gone.txt"
+  echo 'image etc' >"$rootfs/etc/marker"
+  echo 'a file' >"$rootfs/file.txt"
+  ln -s /etc "$rootfs/data/abs-link"
+  ln -s ../../../../.. "$rootfs/data/up-link"
+  umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  rm -rf "$bundle"
+  umoci unpack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  echo 'layer two' >"$bundle/rootfs/data/two.txt"
+  rm "$bundle/rootfs/data/gone.txt"
+  umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  rm -rf "$bundle"
+  umoci config --image "$LAYOUT:$tag" --os linux --architecture amd64
+  skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/$tag"
+}
+
 # A 50 MB image of five layers of incompressible data, for the pull benchmark.
 push_big_image() {
   local tag=big:latest bundle=$TB/images/bundle-big
@@ -303,6 +329,7 @@ images_up() {
   push_busybox_image busybox-entry:latest --config.entrypoint /bin/echo --config.cmd image-cmd \
     --config.stopsignal SIGUSR1
   push_multiarch_image
+  push_volume_image
   skopeo copy --quiet --dest-tls-verify=false --dest-creds "$AUTH_USER:$AUTH_PASSWORD" \
     "oci:$LAYOUT:busybox:latest" "docker://$AUTH_REGISTRY_ADDR/private/busybox:latest"
   log "test images pushed to $REGISTRY_ADDR and $AUTH_REGISTRY_ADDR"
@@ -449,6 +476,7 @@ case "${1:-}" in
   test) run_tests ;;
   bench) run_benches ;;
   big-image) push_big_image ;;
+  volume-image) push_volume_image ;;
   cri-containerd) push_pause_image; cri_containerd_up ;;
-  *) echo "usage: $0 deps|up|down|env|test|bench|big-image|cri-containerd" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|up|down|env|test|bench|big-image|volume-image|cri-containerd" >&2; exit 2 ;;
 esac

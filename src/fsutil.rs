@@ -1,8 +1,50 @@
-//! Small filesystem helpers shared by the parts that persist crius's own state.
+//! Small filesystem helpers shared by the parts that persist crius's own state, and path
+//! resolution that stays inside a root a tenant controls (an image's filesystem).
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+
+/// Resolves `relative` inside `root` as if `root` were `/`: symlinks (absolute ones too) and
+/// `..` cannot leave it. Returns the host path of what it names, free of symlinks, so a
+/// later user of the path (a bind mount) finds the same object; on a root nobody can change
+/// (a read-only image) that stays true.
+pub fn resolve_in_root(root: &Path, relative: &Path) -> std::io::Result<PathBuf> {
+    let root_dir = std::fs::File::open(root)?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let relative = relative_path(relative);
+    let fd = nix::fcntl::openat2(&root_dir, &relative, how).map_err(std::io::Error::from)?;
+    let resolved = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    let canonical_root = std::fs::read_link(format!("/proc/self/fd/{}", root_dir.as_raw_fd()))?;
+    if !resolved.starts_with(&canonical_root) {
+        // Only a concurrent rename inside the root could get here; refuse, never follow.
+        return Err(std::io::Error::other(format!(
+            "{} resolved outside {}",
+            relative.display(),
+            root.display()
+        )));
+    }
+    Ok(resolved)
+}
+
+/// `relative` with its leading `/` dropped: in-root resolution treats both alike, but an
+/// empty path must name the root itself.
+fn relative_path(relative: &Path) -> PathBuf {
+    let rest: PathBuf = relative
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir))
+        .collect();
+    if rest.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        rest
+    }
+}
 
 /// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename,
 /// fsync of the directory. A crash leaves either the old or the new content, never a mix.
@@ -39,6 +81,34 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn symlinks_and_dot_dot_resolve_inside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("data/etc")).unwrap();
+        symlink("/etc", root.join("data/abs")).unwrap();
+        symlink("../../../../..", root.join("data/up")).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        let root = std::fs::canonicalize(&root).unwrap();
+
+        assert_eq!(
+            resolve_in_root(&root, Path::new("data/abs")).unwrap(),
+            root.join("etc")
+        );
+        assert_eq!(
+            resolve_in_root(&root, Path::new("/data/up/etc")).unwrap(),
+            root.join("etc")
+        );
+        assert_eq!(
+            resolve_in_root(&root, Path::new("../../data/etc")).unwrap(),
+            root.join("data/etc")
+        );
+        assert_eq!(resolve_in_root(&root, Path::new("")).unwrap(), root);
+        let missing = resolve_in_root(&root, Path::new("data/none")).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn replaces_content_and_leaves_no_temp_file() {

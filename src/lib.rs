@@ -16,6 +16,7 @@ pub mod fsutil;
 pub mod image;
 pub mod io;
 pub mod logging;
+pub mod mount;
 pub mod netns;
 pub mod oci;
 pub mod protos;

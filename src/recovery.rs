@@ -343,6 +343,20 @@ fn remove_dirs(dirs: &[std::path::PathBuf]) {
     }
 }
 
+/// Whether `lease` holds the image volumes of a pod crius still has (they outlive restarts).
+fn holds_live_image_volumes(service: &CriService, lease: &str) -> bool {
+    lease
+        .strip_prefix(crate::cri::image_volume::VOLUME_LEASE_PREFIX)
+        .is_some_and(|id| {
+            service
+                .sandboxes
+                .get(id)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.id() == id)
+        })
+}
+
 /// IDs of the entries of `dir` (none when it does not exist).
 fn entries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -361,7 +375,10 @@ fn entries(dir: &Path) -> Vec<String> {
 pub async fn clean_up_leftovers(service: &CriService) {
     match service.containerd.list_leases().await {
         Ok(leases) => {
-            for lease in leases.iter().filter(|l| l.starts_with("crius-")) {
+            for lease in leases
+                .iter()
+                .filter(|l| l.starts_with("crius-") && !holds_live_image_volumes(service, l))
+            {
                 tracing::info!(%lease, "deleting a lease left by an interrupted operation");
                 if let Err(e) = service.containerd.delete_lease(lease, false).await {
                     tracing::warn!(%lease, error = %e, "deleting a stale lease failed");
@@ -374,6 +391,7 @@ pub async fn clean_up_leftovers(service: &CriService) {
     let config = &service.config;
     let mut sandbox_ids = entries(&config.root.join("sandboxes"));
     sandbox_ids.extend(entries(&config.state.join("sandboxes")));
+    sandbox_ids.extend(entries(&config.state.join("image-volumes")));
     sandbox_ids.sort();
     sandbox_ids.dedup();
     for id in sandbox_ids {
@@ -397,6 +415,9 @@ pub async fn clean_up_leftovers(service: &CriService) {
             tracing::warn!(sandbox = %id, error = %e, "removing a leftover netns failed");
         }
         remove_snapshot(service, &id).await;
+        if let Err(e) = service.unmount_image_volumes(&id).await {
+            tracing::warn!(sandbox = %id, error = %e.message(), "removing leftover image volumes failed");
+        }
         if let Err(e) = service.remove_sandbox_dirs(&id) {
             tracing::warn!(sandbox = %id, error = %e.message(), "removing leftover sandbox dirs failed");
         }

@@ -184,7 +184,7 @@ async fn stop_kills_a_process_that_ignores_sigterm_after_the_timeout() {
         .unwrap();
     let started = Instant::now();
     pod.stop(&created, 10).await;
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < Duration::from_secs(5));
     pod.remove_pod().await;
 }
 
@@ -348,7 +348,7 @@ async fn exec_sync_output_exit_code_timeout_and_background_children() {
     let timeout = pod.exec(&id, &["sleep", "10"], 1).await.unwrap_err();
     assert_eq!(timeout.code(), tonic::Code::DeadlineExceeded);
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );
@@ -360,7 +360,7 @@ async fn exec_sync_output_exit_code_timeout_and_background_children() {
         .unwrap();
     assert_eq!(code, 0);
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );

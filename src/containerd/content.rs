@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
-    UsageRequest,
+    CommitSnapshotRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+    StatSnapshotRequest, UsageRequest, ViewSnapshotRequest,
 };
 use containerd_client::services::v1::{
     AbortRequest, ApplyRequest, CreateImageRequest, DeleteContentRequest, DeleteImageRequest,
@@ -87,6 +87,25 @@ impl Containerd {
             .await
             .map_err(ContainerdError::rpc("create lease"))?;
         Ok(())
+    }
+
+    /// Creates a lease that lasts until it is deleted; an existing one is kept.
+    pub async fn ensure_lasting_lease(&self, id: &str) -> Result<(), ContainerdError> {
+        match self
+            .leases()
+            .create(containerd_client::services::v1::CreateRequest {
+                id: id.to_string(),
+                labels: HashMap::new(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::AlreadyExists => Ok(()),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "create lease",
+                status,
+            }),
+        }
     }
 
     /// The IDs of every lease in the namespace.
@@ -422,6 +441,47 @@ impl Containerd {
             .await
             .map_err(ContainerdError::rpc("prepare snapshot"))?;
         Ok(resp.into_inner().mounts)
+    }
+
+    /// Makes a read-only view `key` of `parent` and returns its mounts. A view that exists
+    /// already is reused: its mounts are returned.
+    pub async fn view_snapshot(
+        &self,
+        snapshotter: &str,
+        key: &str,
+        parent: &str,
+        lease: Option<&str>,
+    ) -> Result<Vec<Mount>, ContainerdError> {
+        let viewed = self
+            .snapshots()
+            .view(leased(
+                ViewSnapshotRequest {
+                    snapshotter: snapshotter.to_string(),
+                    key: key.to_string(),
+                    parent: parent.to_string(),
+                    labels: HashMap::new(),
+                },
+                lease,
+            ))
+            .await;
+        match viewed {
+            Ok(resp) => Ok(resp.into_inner().mounts),
+            Err(status) if status.code() == Code::AlreadyExists => {
+                let resp = self
+                    .snapshots()
+                    .mounts(MountsRequest {
+                        snapshotter: snapshotter.to_string(),
+                        key: key.to_string(),
+                    })
+                    .await
+                    .map_err(ContainerdError::rpc("snapshot mounts"))?;
+                Ok(resp.into_inner().mounts)
+            }
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "view snapshot",
+                status,
+            }),
+        }
     }
 
     pub async fn commit_snapshot(

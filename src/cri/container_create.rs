@@ -60,13 +60,6 @@ impl CriService {
         } else {
             handler
         };
-        if let Some(m) = config.mounts.iter().find(|m| m.image.is_some()) {
-            return Err(Status::unimplemented(format!(
-                "image volume mount {:?}: mounting an image (Mount.image) is not supported by \
-                 crius yet",
-                m.container_path
-            )));
-        }
         let features = self
             .handler_features
             .get(handler)
@@ -88,7 +81,7 @@ impl CriService {
         &self,
         req: CreateContainerRequest,
     ) -> Result<CreateContainerResponse, Status> {
-        let config = req
+        let mut config = req
             .config
             .ok_or_else(|| Status::invalid_argument("container config is required"))?;
         let meta = config
@@ -145,6 +138,10 @@ impl CriService {
             });
         }
         let created = async {
+            // Image volumes stay mounted for the pod's other containers, also when this
+            // creation fails; stopping the pod removes them.
+            self.mount_image_volumes(&sandbox_meta.id, &mut config.mounts)
+                .await?;
             let root_dir = self.container_root_dir(&id);
             let state_dir = self.container_state_dir(&id);
             for dir in [&root_dir, &state_dir] {

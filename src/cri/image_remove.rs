@@ -18,6 +18,14 @@ impl CriService {
         let Some(image) = self.images.resolve(&text) else {
             return Ok(RemoveImageResponse {});
         };
+        let pods = self.pods_with_image_volume(&image.id);
+        if !pods.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "image {} is mounted as an image volume of pod(s) {}: stop them first",
+                image.id,
+                pods.join(", ")
+            )));
+        }
         // Any of its names, digests or its ID removes the image with every name, as
         // containerd's CRI does (kubelet removes an image once, by whichever name it has).
         let names: Vec<String> = image.references.iter().cloned().collect();

@@ -21,6 +21,7 @@ mod image_fs_info;
 mod image_pull;
 mod image_remove;
 mod image_status;
+pub(crate) mod image_volume;
 mod list_stream;
 mod metrics;
 mod not_built;

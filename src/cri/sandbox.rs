@@ -278,6 +278,7 @@ impl CriService {
             sandbox.update_status(|s| s.network_released = true);
         }
         self.unmount_sandbox_shm(&id);
+        self.unmount_image_volumes(&id).await?;
         if !metadata.netns_path.is_empty() {
             crate::netns::remove(Path::new(&metadata.netns_path))
                 .await

@@ -77,6 +77,8 @@ pub struct ServiceState {
     pub stream_requests: Arc<crate::streaming::StreamRequests>,
     /// The stream server, once it is bound.
     pub stream_endpoint: std::sync::OnceLock<crate::streaming::StreamEndpoint>,
+    /// Serializes mounting and unmounting image volumes.
+    pub(crate) image_volume_lock: tokio::sync::Mutex<()>,
     initialized: AtomicBool,
     /// Whether crius's event subscription to containerd stands (cleared when it breaks).
     containerd_reachable: AtomicBool,
@@ -183,6 +185,7 @@ impl CriService {
             handler_features,
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
+            image_volume_lock: tokio::sync::Mutex::new(()),
             initialized: AtomicBool::new(false),
             containerd_reachable: AtomicBool::new(true),
             shutdown: CancellationToken::new(),
