@@ -5,6 +5,9 @@
 //! The protos are parsed by `protox` (a Rust protobuf compiler) rather than `protoc`: cri-api
 //! uses the `debug_redact` field option, which Debian bookworm's protoc 3.21 does not know.
 
+#[path = "build/ttrpc.rs"]
+mod ttrpc;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,7 +35,8 @@ fn main() {
     build_pause(&out);
 }
 
-/// Generates the CRI messages and tonic services. Messages with fields marked
+/// Generates the CRI messages, the tonic services and, from the same service definitions,
+/// the ttrpc ones (`build/ttrpc.rs`). Messages with fields marked
 /// `debug_redact` (credentials) get a `Debug` that prints those fields as `<redacted>`, so no
 /// log line at any level can show them.
 fn compile_cri_api(out: &Path) {
@@ -46,13 +50,22 @@ fn compile_cri_api(out: &Path) {
             .unwrap_or_else(|e| panic!("parse {file}: {e}"));
     }
     let redacted = redacted_messages(&compiler.descriptor_pool());
+    let services = ttrpc::TonicAndTtrpc {
+        tonic: tonic_prost_build::configure()
+            .build_client(true)
+            .build_server(true)
+            .service_generator(),
+    };
+    let mut config = prost_build::Config::new();
+    config.service_generator(Box::new(services));
+    // The services come from `services`; this builder contributes the message settings.
     let mut builder = tonic_prost_build::configure()
         .type_attribute(
             ".runtime",
             "#[derive(serde::Serialize, serde::Deserialize)]",
         )
-        .build_client(true)
-        .build_server(true);
+        .build_client(false)
+        .build_server(false);
     let mut impls = String::new();
     if !redacted.is_empty() {
         builder = builder.skip_debug(redacted.iter().map(|m| m.full_name.clone()));
@@ -61,7 +74,7 @@ fn compile_cri_api(out: &Path) {
         }
     }
     builder
-        .compile_fds(compiler.file_descriptor_set())
+        .compile_fds_with_config(compiler.file_descriptor_set(), config)
         .expect("generate the CRI API");
     std::fs::write(out.join("cri_redacted_debug.rs"), impls)
         .expect("write the redacted Debug impls");

@@ -420,12 +420,21 @@ test_against() {
   (
     eval "$(print_env "$1")"
     log "integration tests against $CRIUS_TEST_CONTAINERD_NAME"
+    local rc=0
     if cargo test --test '*'; then
       log "passed against $CRIUS_TEST_CONTAINERD_NAME"
     else
       log "FAILED against $CRIUS_TEST_CONTAINERD_NAME (its log: ${CRIUS_TEST_CONTAINERD_ADDRESS%/*}/log)"
-      return 1
+      rc=1
     fi
+    # Containers a test left running would compete with the next run for the cores.
+    local leftover
+    leftover=$(pgrep -fc "containerd-shim.*-address $CRIUS_TEST_CONTAINERD_ADDRESS" || true)
+    if [ "${leftover:-0}" -gt 0 ]; then
+      log "killing $leftover shim(s) the tests left against $CRIUS_TEST_CONTAINERD_NAME"
+      kill_shims "containerd-shim.*-address $CRIUS_TEST_CONTAINERD_ADDRESS"
+    fi
+    return $rc
   )
 }
 

@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
 use common::pod::{container, image, pod, pod_with};
@@ -886,26 +887,7 @@ async fn what_is_not_built_yet_is_refused_not_ignored() {
         err.message()
     );
 
-    // An image volume.
-    let mut config = container("imagevol", "busybox:latest", &["sleep", "1000"]);
-    config.mounts.push(v1::Mount {
-        container_path: "/data".into(),
-        image: Some(v1::ImageSpec {
-            image: image("busybox:latest"),
-            ..Default::default()
-        }),
-        readonly: true,
-        ..Default::default()
-    });
-    let err = pod
-        .create(config)
-        .await
-        .expect_err("image volumes are not built");
-    assert_eq!(err.code(), tonic::Code::Unimplemented);
-    assert!(err.message().contains("image volume"), "{}", err.message());
-    // Neither left anything: the container name is free, only the first pod is listed.
-    pod.run(container("imagevol", "busybox:latest", &["sleep", "1000"]))
-        .await;
+    // It left nothing: only the first pod is listed.
     let pods = pod
         .client
         .runtime
@@ -983,4 +965,82 @@ async fn a_client_that_gives_up_never_cuts_a_create_in_half() {
         .await
         .expect("the name is free after removal");
     pod.remove_pod().await;
+}
+
+/// The RPCs a cri-api proto defines: (`package.Service`, method, whether it streams).
+fn rpcs_of(proto: &str) -> Vec<(String, String, bool)> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(proto))
+        .expect("read the proto");
+    let package = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("package "))
+        .map(|p| p.trim_end_matches(';').to_string())
+        .expect("a package line");
+    let mut service = String::new();
+    let mut rpcs = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("service ") {
+            service = format!("{package}.{}", rest.trim_end_matches('{').trim());
+        } else if let Some(rest) = line.strip_prefix("rpc ") {
+            let method = rest.split('(').next().unwrap_or_default().to_string();
+            let streams = rest.contains("returns (stream ");
+            rpcs.push((service.clone(), method, streams));
+        }
+    }
+    rpcs
+}
+
+#[tokio::test]
+async fn every_rpc_of_both_protos_is_served_over_ttrpc() {
+    let crius = Crius::start().await;
+    let ttrpc = TtrpcCriClient::connect(crius.ttrpc_socket())
+        .await
+        .expect("connect ttrpc");
+    let v1_rpcs = rpcs_of("protos/cri-api/runtime/v1/api.proto");
+    let alpha_rpcs = rpcs_of("protos/cri-api/runtime/v1alpha2/api.proto");
+    assert_eq!(v1_rpcs.len(), 41, "cri-api v0.36 has 41 RPCs");
+    assert_eq!(alpha_rpcs.len(), 29);
+    // What an unserved method looks like, so the check below can tell.
+    let unknown = ttrpc
+        .call::<_, ()>(RUNTIME, "NoSuchMethod", &v1::VersionRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::Unimplemented);
+    assert_eq!(unknown.message(), "NoSuchMethod method");
+    for (service, method, streams) in v1_rpcs.into_iter().chain(alpha_rpcs) {
+        // An empty request: each handler answers it (often INVALID_ARGUMENT); a method the
+        // server does not have is ttrpc's own "<method> method" UNIMPLEMENTED.
+        let outcome = if streams {
+            let mut stream = ttrpc
+                .open_stream(&service, &method, &v1::VersionRequest::default())
+                .await
+                .expect("open the stream");
+            match tokio::time::timeout(
+                Duration::from_secs(1),
+                TtrpcCriClient::next_message::<()>(&mut stream),
+            )
+            .await
+            {
+                // An event stream stays open, quiet: it is served.
+                Err(_) => Ok(()),
+                Ok(result) => result.map(|_| ()),
+            }
+        } else {
+            ttrpc
+                .call::<_, ()>(&service, &method, &v1::VersionRequest::default())
+                .await
+                .map(|_| ())
+        };
+        if let Err(status) = outcome {
+            assert!(
+                !(status.code() == tonic::Code::Unimplemented
+                    && status.message() == format!("{method} method")),
+                "{service}/{method} is not served over ttrpc: {status:?}"
+            );
+            assert!(
+                !status.message().contains("service does not exist"),
+                "{service} is not served over ttrpc: {status:?}"
+            );
+        }
+    }
 }

@@ -89,6 +89,8 @@ async fn a_busy_container_uses_cpu_and_a_filled_one_memory() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(working_set > 20 * MIB, "working set {working_set}");
+    // The busy loop would otherwise spin on through the tests after this one.
+    pod.remove_pod().await;
 }
 
 #[tokio::test]

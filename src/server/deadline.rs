@@ -48,9 +48,22 @@ pub fn from_grpc_metadata(metadata: &tonic::metadata::MetadataMap) -> Option<Ins
     Some(Instant::now() + timeout)
 }
 
-/// The deadline of a ttrpc request (`timeout_nano`, 0 for none).
-pub fn from_ttrpc(timeout_nano: i64) -> Option<Instant> {
-    (timeout_nano > 0).then(|| Instant::now() + Duration::from_nanos(timeout_nano as u64))
+/// ttrpc's `timeout_nano` (0 for none) as a `grpc-timeout` value: the finest unit that fits
+/// in the header's 8 digits.
+pub fn grpc_timeout_header(timeout_nano: i64) -> Option<String> {
+    let nanos = u64::try_from(timeout_nano).ok().filter(|n| *n > 0)?;
+    const UNITS: [(char, u64); 6] = [
+        ('n', 1),
+        ('u', 1_000),
+        ('m', 1_000_000),
+        ('S', 1_000_000_000),
+        ('M', 60_000_000_000),
+        ('H', 3_600_000_000_000),
+    ];
+    UNITS
+        .iter()
+        .find(|(_, per)| nanos / per < 100_000_000)
+        .map(|(unit, per)| format!("{}{unit}", (nanos / per).max(1)))
 }
 
 #[cfg(test)]
@@ -70,6 +83,27 @@ mod tests {
         );
         for bad in ["", "S", "123456789S", "10s", "1.5S", "-1S", "10"] {
             assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ttrpc_timeouts_become_grpc_timeout_values() {
+        assert_eq!(grpc_timeout_header(0), None);
+        assert_eq!(grpc_timeout_header(-5), None);
+        assert_eq!(grpc_timeout_header(1_500), Some("1500n".to_string()));
+        assert_eq!(
+            grpc_timeout_header(120_000_000_000),
+            Some("120000m".to_string())
+        );
+        for nanos in [1, 99_999_999, 100_000_000, 7_200_000_000_000, i64::MAX] {
+            let header = grpc_timeout_header(nanos).unwrap();
+            let parsed = parse_grpc_timeout(&header).unwrap();
+            let wanted = Duration::from_nanos(nanos as u64);
+            assert!(parsed <= wanted, "{nanos} -> {header}");
+            assert!(
+                parsed.as_secs_f64() >= wanted.as_secs_f64() * 0.99,
+                "{nanos} -> {header}"
+            );
         }
     }
 

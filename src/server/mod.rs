@@ -11,6 +11,7 @@ pub mod deadline;
 pub mod rpc;
 mod service;
 pub mod socket;
+pub mod ttrpc_glue;
 
 use std::future::Future;
 use std::time::Duration;

@@ -11,7 +11,6 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::api::{v1, v1alpha2};
@@ -480,111 +479,6 @@ macro_rules! impl_v1alpha2 {
     };
 }
 
-/// Decodes a ttrpc payload as `v1`, serves it through the `v1` trait and encodes the reply.
-macro_rules! impl_ttrpc_dispatch {
-    ($dispatch:ident, $methods:ident, $v1:path; $($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
-        const $methods: &[&str] = &[$($rpc),*];
-
-        impl CriServer {
-            async fn $dispatch(
-                &self,
-                method: &str,
-                payload: &[u8],
-                alpha: bool,
-            ) -> Result<Vec<u8>, Status> {
-                match method {
-                    $(
-                        $rpc => {
-                            let req = v1::$req::decode(payload).map_err(|e| {
-                                Status::invalid_argument(format!("malformed {} request: {e}", $rpc))
-                            })?;
-                            let mut resp = <CriServer as $v1>::$name(self, tonic::Request::new(req))
-                                .await?
-                                .into_inner();
-                            if alpha {
-                                mark_alpha(&mut resp);
-                            }
-                            Ok(resp.encode_to_vec())
-                        }
-                    )*
-                    other => Err(Status::unimplemented(format!("unknown method {other}"))),
-                }
-            }
-        }
-    };
-}
-
-/// Opens a ttrpc server stream: decodes the request as `v1`, serves it through the `v1`
-/// trait and encodes each message. Methods not in the list go to `$other`.
-macro_rules! impl_ttrpc_streams {
-    ($dispatch:ident, $methods:ident, $v1:path, $other:ident; $($name:ident $rpc:literal $req:ident $resp:ident $stream:ident;)*) => {
-        const $methods: &[&str] = &[$($rpc),*];
-
-        impl CriServer {
-            async fn $dispatch(&self, method: &str, payload: &[u8]) -> Result<EncodedStream, Status> {
-                match method {
-                    $(
-                        $rpc => {
-                            let req = v1::$req::decode(payload).map_err(|e| {
-                                Status::invalid_argument(format!("malformed {} request: {e}", $rpc))
-                            })?;
-                            let stream = <CriServer as $v1>::$name(self, tonic::Request::new(req))
-                                .await?
-                                .into_inner();
-                            Ok(encoded(stream))
-                        }
-                    )*
-                    other => self.$other(other, payload).await,
-                }
-            }
-        }
-    };
-}
-
-/// A server stream of encoded messages, as ttrpc sends them.
-type EncodedStream = Pin<Box<dyn futures::Stream<Item = Result<Vec<u8>, Status>> + Send + 'static>>;
-
-fn encoded<T: Message + 'static>(
-    stream: impl futures::Stream<Item = Result<T, Status>> + Send + 'static,
-) -> EncodedStream {
-    use futures::StreamExt;
-    Box::pin(stream.map(|item| item.map(|m| m.encode_to_vec())))
-}
-
-/// The runtime service's streams besides the lists.
-const RUNTIME_EVENT_STREAMS: &[&str] = &["GetContainerEvents"];
-
-impl CriServer {
-    async fn open_event_stream(
-        &self,
-        method: &str,
-        payload: &[u8],
-    ) -> Result<EncodedStream, Status> {
-        use v1::runtime_service_server::RuntimeService;
-        match method {
-            "GetContainerEvents" => {
-                let req = v1::GetEventsRequest::decode(payload).map_err(|e| {
-                    Status::invalid_argument(format!("malformed GetContainerEvents request: {e}"))
-                })?;
-                let stream = self
-                    .get_container_events(tonic::Request::new(req))
-                    .await?
-                    .into_inner();
-                Ok(encoded(stream))
-            }
-            other => Err(Status::unimplemented(format!("unknown stream {other}"))),
-        }
-    }
-
-    async fn no_other_stream(
-        &self,
-        method: &str,
-        _payload: &[u8],
-    ) -> Result<EncodedStream, Status> {
-        Err(Status::unimplemented(format!("unknown stream {method}")))
-    }
-}
-
 runtime_rpcs!(impl_v1_runtime {}, all);
 image_rpcs!(impl_v1_image {});
 runtime_rpcs!(impl_v1alpha2 {
@@ -595,19 +489,6 @@ image_rpcs!(impl_v1alpha2 {
     v1alpha2::image_service_server::ImageService,
     v1::image_service_server::ImageService;
 });
-runtime_rpcs!(impl_ttrpc_dispatch {
-    dispatch_runtime, RUNTIME_METHODS, v1::runtime_service_server::RuntimeService;
-}, all);
-image_rpcs!(impl_ttrpc_dispatch {
-    dispatch_image, IMAGE_METHODS, v1::image_service_server::ImageService;
-});
-stream_rpcs!(impl_ttrpc_streams {
-    open_runtime_stream, RUNTIME_LIST_STREAMS, v1::runtime_service_server::RuntimeService, open_event_stream;
-}, runtime);
-stream_rpcs!(impl_ttrpc_streams {
-    open_image_stream, IMAGE_LIST_STREAMS, v1::image_service_server::ImageService, no_other_stream;
-}, image);
-
 /// The gRPC services to put on a tonic server: both API versions of both services.
 pub fn grpc_routes(server: CriServer) -> tonic::service::Routes {
     use v1::image_service_server::ImageServiceServer as V1Image;
@@ -627,157 +508,27 @@ pub fn grpc_routes(server: CriServer) -> tonic::service::Routes {
         .add_service(sized!(AlphaImage::new(server)))
 }
 
-#[derive(Clone, Copy)]
-enum ApiService {
-    Runtime,
-    Image,
-}
-
-/// One ttrpc method: decodes, dispatches and answers with the payload or the status.
-struct TtrpcMethod {
-    server: CriServer,
-    service: ApiService,
-    method: &'static str,
-    alpha: bool,
-}
-
-#[async_trait::async_trait]
-impl ttrpc::r#async::MethodHandler for TtrpcMethod {
-    async fn handler(
-        &self,
-        _ctx: ttrpc::r#async::TtrpcContext,
-        req: ttrpc::Request,
-    ) -> ttrpc::Result<ttrpc::Response> {
-        let dispatched = async {
-            match self.service {
-                ApiService::Runtime => {
-                    self.server
-                        .dispatch_runtime(self.method, &req.payload, self.alpha)
-                        .await
-                }
-                ApiService::Image => {
-                    self.server
-                        .dispatch_image(self.method, &req.payload, self.alpha)
-                        .await
-                }
-            }
-        };
-        let result = deadline::scope(deadline::from_ttrpc(req.timeout_nano), dispatched).await;
-        match result {
-            Ok(payload) => {
-                let mut resp = ttrpc::Response::new();
-                resp.payload = payload;
-                Ok(resp)
-            }
-            Err(status) => Ok(status_response(&status)),
-        }
-    }
-}
-
-/// A ttrpc response that carries `status` with its gRPC code.
-fn status_response(status: &Status) -> ttrpc::Response {
-    let code = <ttrpc::Code as protobuf::Enum>::from_i32(status.code() as i32)
-        .unwrap_or(ttrpc::Code::UNKNOWN);
-    let mut resp = ttrpc::Response::new();
-    resp.status = protobuf::MessageField::some(ttrpc::get_status(code, status.message()));
-    resp
-}
-
-/// One ttrpc server-streaming method: the list streams and `GetContainerEvents`.
-struct TtrpcStream {
-    server: CriServer,
-    service: ApiService,
-    method: &'static str,
-}
-
-#[async_trait::async_trait]
-impl ttrpc::r#async::StreamHandler for TtrpcStream {
-    async fn handler(
-        &self,
-        _ctx: ttrpc::r#async::TtrpcContext,
-        mut inner: ttrpc::r#async::StreamInner,
-    ) -> ttrpc::Result<Option<ttrpc::Response>> {
-        use futures::StreamExt;
-        let payload = inner.recv().await?;
-        let opened = match self.service {
-            ApiService::Runtime => self.server.open_runtime_stream(self.method, &payload).await,
-            ApiService::Image => self.server.open_image_stream(self.method, &payload).await,
-        };
-        let mut stream = match opened {
-            Ok(stream) => stream,
-            Err(status) => return Ok(Some(status_response(&status))),
-        };
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(message) => {
-                    if inner.send(message).await.is_err() {
-                        // The client went away: nothing more to send it.
-                        return Ok(None);
-                    }
-                }
-                Err(status) => return Ok(Some(status_response(&status))),
-            }
-        }
-        Ok(None)
-    }
-}
-
-/// The ttrpc service table: `runtime.v1` and `runtime.v1alpha2`, both services.
+/// The ttrpc services: both API versions of both services, generated by `build.rs` from
+/// the same protos and served by the same trait implementations as gRPC.
 pub fn ttrpc_services(server: CriServer) -> HashMap<String, ttrpc::r#async::Service> {
-    let mut services = HashMap::new();
-    for (version, alpha) in [("v1", false), ("v1alpha2", true)] {
-        for (name, kind, methods, stream_lists) in [
-            (
-                "RuntimeService",
-                ApiService::Runtime,
-                RUNTIME_METHODS,
-                [RUNTIME_LIST_STREAMS, RUNTIME_EVENT_STREAMS],
-            ),
-            (
-                "ImageService",
-                ApiService::Image,
-                IMAGE_METHODS,
-                [IMAGE_LIST_STREAMS, &[]],
-            ),
-        ] {
-            let mut table: HashMap<String, Box<dyn ttrpc::r#async::MethodHandler + Send + Sync>> =
-                HashMap::new();
-            for method in methods {
-                table.insert(
-                    method.to_string(),
-                    Box::new(TtrpcMethod {
-                        server: server.clone(),
-                        service: kind,
-                        method,
-                        alpha,
-                    }),
-                );
-            }
-            // Streams are `v1` only: `v1alpha2` had none.
-            let mut streams: HashMap<String, Arc<dyn ttrpc::r#async::StreamHandler + Send + Sync>> =
-                HashMap::new();
-            if !alpha {
-                for method in stream_lists.into_iter().flatten() {
-                    streams.insert(
-                        method.to_string(),
-                        Arc::new(TtrpcStream {
-                            server: server.clone(),
-                            service: kind,
-                            method,
-                        }),
-                    );
-                }
-            }
-            services.insert(
-                format!("runtime.{version}.{name}"),
-                ttrpc::r#async::Service {
-                    methods: table,
-                    streams,
-                },
-            );
-        }
-    }
-    services
+    HashMap::from([
+        (
+            v1::runtime_service_ttrpc::NAME.to_string(),
+            v1::runtime_service_ttrpc::service(server.clone()),
+        ),
+        (
+            v1::image_service_ttrpc::NAME.to_string(),
+            v1::image_service_ttrpc::service(server.clone()),
+        ),
+        (
+            v1alpha2::runtime_service_ttrpc::NAME.to_string(),
+            v1alpha2::runtime_service_ttrpc::service(server.clone()),
+        ),
+        (
+            v1alpha2::image_service_ttrpc::NAME.to_string(),
+            v1alpha2::image_service_ttrpc::service(server),
+        ),
+    ])
 }
 
 #[cfg(test)]
@@ -806,17 +557,5 @@ mod tests {
         let mut other = v1::StatusResponse::default();
         mark_alpha(&mut other);
         assert_eq!(other, v1::StatusResponse::default());
-    }
-
-    #[test]
-    fn every_v1_rpc_is_reachable_over_ttrpc() {
-        // 41 RPCs in all: unary ones, the list streams and GetContainerEvents.
-        assert_eq!(
-            RUNTIME_METHODS.len() + RUNTIME_LIST_STREAMS.len() + RUNTIME_EVENT_STREAMS.len(),
-            35
-        );
-        assert_eq!(IMAGE_METHODS.len() + IMAGE_LIST_STREAMS.len(), 6);
-        assert!(RUNTIME_METHODS.contains(&"RuntimeConfig"));
-        assert_eq!(IMAGE_METHODS.len(), 5);
     }
 }

@@ -330,6 +330,7 @@ impl Crius {
     /// Pods a test leaves behind keep their netns and `/dev/shm` mounted on the host after
     /// the test containerd is gone: release them with the test's directory.
     fn release_host_resources(&self) {
+        self.kill_leftover_containers();
         let sandboxes = self.config.root.join("sandboxes");
         for entry in std::fs::read_dir(&sandboxes)
             .into_iter()
@@ -351,6 +352,24 @@ impl Crius {
         mounts.sort_by_key(|point| std::cmp::Reverse(point.len()));
         for point in mounts {
             let _ = nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+impl Crius {
+    /// Containers a test leaves running (a busy loop) would compete with the tests after
+    /// it for the cores: kill the shims of this crius's namespace and their processes.
+    fn kill_leftover_containers(&self) {
+        let pattern = format!(
+            "containerd-shim.* -namespace {} ",
+            self.config.containerd.namespace
+        );
+        let Ok(out) = Command::new("pgrep").arg("-f").arg(&pattern).output() else {
+            return;
+        };
+        for shim in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("pkill").args(["-9", "-P", shim]).status();
+            let _ = Command::new("kill").args(["-9", shim]).status();
         }
     }
 }
