@@ -171,6 +171,7 @@ nobody:x:65534:65534:nobody:/nonexistent:/bin/false
 PASSWD
   cat >"$rootfs/etc/group" <<GROUP
 root:x:0:
+wheel:x:10:root
 users:x:100:user
 user:x:1000:
 nogroup:x:65534:
@@ -240,6 +241,27 @@ push_volume_image() {
   umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
   rm -rf "$bundle"
   umoci config --image "$LAYOUT:$tag" --os linux --architecture amd64
+  skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/$tag"
+}
+
+# busybox with volumes in its config: /data/db (owned by 65534, seeded), /var/log/app
+# (mode 0750, seeded), /empty (nothing in the image) and two odd but legal names.
+push_declared_volumes_image() {
+  local tag=declared-volumes:latest bundle=$TB/images/bundle-declared-volumes
+  umoci tag --image "$LAYOUT:busybox:latest" "$tag"
+  umoci unpack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  local rootfs=$bundle/rootfs
+  mkdir -p "$rootfs/data/db/nested" "$rootfs/var/log/app"
+  echo 'seeded by the image' >"$rootfs/data/db/seed.txt"
+  echo 'deeper' >"$rootfs/data/db/nested/deep.txt"
+  ln -s seed.txt "$rootfs/data/db/link"
+  chown -R 65534:65534 "$rootfs/data/db"
+  echo 'app log' >"$rootfs/var/log/app/app.log"
+  chmod 0750 "$rootfs/var/log/app"
+  umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+  rm -rf "$bundle"
+  umoci config --image "$LAYOUT:$tag" --config.volume /data/db --config.volume /var/log/app \
+    --config.volume /empty --config.volume /:colon_prefixed --config.volume C:/weird_test_dir
   skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/$tag"
 }
 
@@ -330,6 +352,7 @@ images_up() {
     --config.stopsignal SIGUSR1
   push_multiarch_image
   push_volume_image
+  push_declared_volumes_image
   skopeo copy --quiet --dest-tls-verify=false --dest-creds "$AUTH_USER:$AUTH_PASSWORD" \
     "oci:$LAYOUT:busybox:latest" "docker://$AUTH_REGISTRY_ADDR/private/busybox:latest"
   log "test images pushed to $REGISTRY_ADDR and $AUTH_REGISTRY_ADDR"

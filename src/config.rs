@@ -99,6 +99,10 @@ mod duration_str {
     }
 }
 
+/// The longest log line crius keeps in one entry whatever `max_container_log_line_size`
+/// says: a container that never writes a newline cannot make it buffer without bound.
+pub const HARD_MAX_LOG_LINE: usize = 1024 * 1024;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -110,6 +114,11 @@ pub struct Config {
     pub restrict_oom_score_adj: RestrictOomScoreAdj,
     #[serde(with = "duration_str")]
     pub stats_collect_period: Duration,
+    /// Do not give containers the volumes their image declares (`VOLUME`).
+    pub ignore_image_defined_volumes: bool,
+    /// Container log lines longer than this are split into partial entries; zero or less
+    /// means no limit of its own (crius still splits at [`HARD_MAX_LOG_LINE`]).
+    pub max_container_log_line_size: i64,
     pub grpc: GrpcConfig,
     pub containerd: ContainerdConfig,
     pub cni: CniConfig,
@@ -119,6 +128,16 @@ pub struct Config {
     pub log: LogConfig,
 }
 
+impl Config {
+    /// The longest line content in one container log entry.
+    pub fn log_line_limit(&self) -> usize {
+        usize::try_from(self.max_container_log_line_size)
+            .ok()
+            .filter(|n| *n > 0)
+            .map_or(HARD_MAX_LOG_LINE, |n| n.min(HARD_MAX_LOG_LINE))
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -126,6 +145,8 @@ impl Default for Config {
             state: PathBuf::from("/run/crius"),
             restrict_oom_score_adj: RestrictOomScoreAdj::Auto,
             stats_collect_period: Duration::from_secs(10),
+            ignore_image_defined_volumes: false,
+            max_container_log_line_size: 16 * 1024,
             grpc: GrpcConfig::default(),
             containerd: ContainerdConfig::default(),
             cni: CniConfig::default(),
@@ -552,6 +573,11 @@ state = "/run/crius"
 restrict_oom_score_adj = "auto"
 # How often container and snapshot usage is collected.
 stats_collect_period = "10s"
+# Give containers no volumes for the paths their image declares (VOLUME).
+ignore_image_defined_volumes = false
+# Container log lines longer than this many bytes are split into partial entries; 0 or less
+# means no limit of crius's own (it still splits at 1 MiB).
+max_container_log_line_size = 16384
 
 [grpc]
 # The CRI gRPC socket that kubelet and crictl connect to.

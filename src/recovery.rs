@@ -214,7 +214,7 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
         match task {
             Ok(Ok(Some(t))) if t.status == ProcessStatus::Running => {
                 let log = (!metadata.log_path.is_empty()).then(|| Path::new(&metadata.log_path));
-                if let Err(e) = container.io.start(log) {
+                if let Err(e) = container.io.start(log, service.config.log_line_limit()) {
                     tracing::warn!(container = %id, error = %e, "cannot re-attach container output");
                 }
                 container.io.task_created();

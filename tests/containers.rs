@@ -88,7 +88,7 @@ async fn a_long_line_becomes_partial_entries_and_a_full_tail() {
         .run(container(
             "long",
             "busybox:latest",
-            &["sh", "-c", "head -c 102400 /dev/zero | tr '\\000' x"],
+            &["sh", "-c", "head -c 102400 /dev/zero | tr '\\000' x; echo"],
         ))
         .await;
     let status = pod.wait_exited(&id).await;

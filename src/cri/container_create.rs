@@ -179,6 +179,17 @@ impl CriService {
                     });
                 }
 
+                let image_volumes: Vec<String> = image
+                    .config
+                    .config
+                    .volumes
+                    .iter()
+                    .flat_map(|v| v.keys().cloned())
+                    .collect();
+                let declared_volumes = self
+                    .declared_volumes(&root_dir, &config, &image_volumes, mounts.clone())
+                    .await?;
+
                 let linux = config.linux.clone().unwrap_or_default();
                 let security = linux.security_context.clone().unwrap_or_default();
                 let user_string = cri_user_string(
@@ -238,6 +249,8 @@ impl CriService {
                         &config.annotations,
                         &runtime.container_annotations,
                     ),
+                    hostname: &super::sandbox::pod_hostname(&sandbox_meta.config),
+                    declared_volumes: &declared_volumes,
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
                 let process_spec = serde_json::to_value(spec.process()).map_err(internal)?;

@@ -85,7 +85,7 @@ impl CriService {
             .then(|| Path::new(&container.metadata.log_path));
         container
             .io
-            .start(log_path)
+            .start(log_path, self.config.log_line_limit())
             .map_err(|e| format!("opening the container's output: {e}"))?;
         let mounts = self
             .containerd

@@ -16,6 +16,7 @@ mod container_start;
 mod container_status;
 mod container_stop;
 mod container_update;
+mod container_volumes;
 pub(crate) mod exits;
 mod image_fs_info;
 mod image_pull;

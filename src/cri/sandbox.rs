@@ -130,13 +130,7 @@ impl CriService {
     ) -> Result<(), Status> {
         let dir = self.sandbox_root_dir(id);
         let host_network = is_host_network(config);
-        let hostname = if host_network || config.hostname.is_empty() {
-            nix::unistd::gethostname()
-                .map(|h| h.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        } else {
-            config.hostname.clone()
-        };
+        let hostname = pod_hostname(config);
         let hosts = if host_network {
             std::fs::read_to_string("/etc/hosts").unwrap_or_else(|_| POD_HOSTS.to_string())
         } else {
@@ -296,6 +290,18 @@ impl CriService {
         self.sandboxes
             .get(id)
             .map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+}
+
+/// The hostname a pod's containers get in `/etc/hostname` and `HOSTNAME`: the pod's, or the
+/// node's when it names none (containerd's rule, host network or not).
+pub(crate) fn pod_hostname(config: &PodSandboxConfig) -> String {
+    if config.hostname.is_empty() {
+        nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        config.hostname.clone()
     }
 }
 

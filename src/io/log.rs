@@ -1,13 +1,15 @@
 //! The CRI container log format: `<RFC3339Nano time> <stdout|stderr> <F|P> <content>\n`,
-//! one entry per line, lines longer than 16 KiB split into `P` (partial) entries and
-//! finished by an `F` (full) one.
+//! one entry per line, lines longer than the limit (16 KiB unless configured) split into `P`
+//! (partial) entries and finished by an `F` (full) one. Output that ends without a newline
+//! ends with a `P` entry, as containerd writes it, so kubelet knows the line is unfinished.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-/// Longest line content in one log entry.
+/// Longest line content in one log entry by default (containerd's
+/// `max_container_log_line_size`).
 pub const MAX_LINE: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,17 +28,31 @@ impl Stream {
 }
 
 /// Cuts a byte stream into log lines: complete lines (without the newline) and, for lines
-/// over [`MAX_LINE`], partial pieces.
-#[derive(Default)]
+/// over the limit, partial pieces.
 pub struct LineSplitter {
     pending: Vec<u8>,
+    max_line: usize,
+}
+
+impl Default for LineSplitter {
+    fn default() -> Self {
+        Self::new(MAX_LINE)
+    }
 }
 
 impl LineSplitter {
+    /// A splitter whose entries hold at most `max_line` bytes (at least one).
+    pub fn new(max_line: usize) -> Self {
+        Self {
+            pending: Vec::new(),
+            max_line: max_line.max(1),
+        }
+    }
+
     /// Feeds `data`; `emit(content, partial)` gets each finished entry.
     pub fn push(&mut self, mut data: &[u8], mut emit: impl FnMut(&[u8], bool)) {
         while !data.is_empty() {
-            let room = MAX_LINE - self.pending.len();
+            let room = self.max_line - self.pending.len();
             match data.iter().position(|&b| b == b'\n') {
                 Some(nl) if nl <= room => {
                     self.pending.extend_from_slice(&data[..nl]);
@@ -58,10 +74,10 @@ impl LineSplitter {
         }
     }
 
-    /// The stream ended: a last line without newline is emitted as full.
+    /// The stream ended: a last line without newline is emitted as partial.
     pub fn finish(&mut self, mut emit: impl FnMut(&[u8], bool)) {
         if !self.pending.is_empty() {
-            emit(&self.pending, false);
+            emit(&self.pending, true);
             self.pending.clear();
         }
     }
@@ -130,8 +146,12 @@ mod tests {
     use super::*;
 
     fn split(chunks: &[&[u8]]) -> Vec<(Vec<u8>, bool)> {
+        split_at(MAX_LINE, chunks)
+    }
+
+    fn split_at(max: usize, chunks: &[&[u8]]) -> Vec<(Vec<u8>, bool)> {
         let mut out = Vec::new();
-        let mut splitter = LineSplitter::default();
+        let mut splitter = LineSplitter::new(max);
         for chunk in chunks {
             splitter.push(chunk, |c, p| out.push((c.to_vec(), p)));
         }
@@ -153,13 +173,34 @@ mod tests {
 
     #[test]
     fn long_lines_are_split_into_partials_and_a_full_tail() {
-        let line = vec![b'x'; 100 * 1024];
+        let mut line = vec![b'x'; 100 * 1024];
+        line.push(b'\n');
         let entries = split(&[&line]);
         assert_eq!(entries.len(), 7);
         assert!(entries[..6].iter().all(|(c, p)| *p && c.len() == MAX_LINE));
         assert_eq!(entries[6], (vec![b'x'; 100 * 1024 - 6 * MAX_LINE], false));
         let total: usize = entries.iter().map(|(c, _)| c.len()).sum();
-        assert_eq!(total, line.len());
+        assert_eq!(total, line.len() - 1);
+    }
+
+    #[test]
+    fn output_ending_without_a_newline_ends_partial() {
+        assert_eq!(
+            split(&[b"done\nabcd"]),
+            vec![(b"done".to_vec(), false), (b"abcd".to_vec(), true)]
+        );
+    }
+
+    #[test]
+    fn the_configured_limit_splits_lines() {
+        assert_eq!(
+            split_at(4, &[b"abcdefghij\n"]),
+            vec![
+                (b"abcd".to_vec(), true),
+                (b"efgh".to_vec(), true),
+                (b"ij".to_vec(), false)
+            ]
+        );
     }
 
     #[test]

@@ -52,6 +52,17 @@ pub struct ContainerSpecInput<'a> {
     /// Already clamped to what crius may set.
     pub oom_score_adj: Option<i32>,
     pub passthrough_annotations: HashMap<String, String>,
+    /// The pod's hostname, which the container gets as `HOSTNAME`.
+    pub hostname: &'a str,
+    /// The volumes the image declares that no CRI mount replaces.
+    pub declared_volumes: &'a [DeclaredVolume],
+}
+
+/// A volume the image declares (`VOLUME`), with the host directory made for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredVolume {
+    pub container_path: String,
+    pub host_path: std::path::PathBuf,
 }
 
 /// The process arguments from the CRI command/args and the image's Entrypoint/Cmd, as
@@ -309,7 +320,11 @@ fn container_process(
             )
         })
         .collect();
-    let env = merge_env(&input.image.env.clone().unwrap_or_default(), &cri_env);
+    let mut env = merge_env(&input.image.env.clone().unwrap_or_default(), &cri_env);
+    // The pod's hostname, unless the image or the config set HOSTNAME (containerd's order).
+    if !env.iter().any(|e| e.split('=').next() == Some("HOSTNAME")) {
+        env.insert(0, format!("HOSTNAME={}", input.hostname));
+    }
     let cwd = [&config.working_dir, &input.image.working_dir]
         .into_iter()
         .find(|dir| !dir.is_empty())
@@ -470,6 +485,14 @@ fn container_mounts(
             )?);
         }
     }
+    for volume in input.declared_volumes {
+        mounts.push(mount(
+            &volume.container_path,
+            "bind",
+            &volume.host_path.display().to_string(),
+            &["rbind", "rprivate", "rw"],
+        )?);
+    }
     mounts.extend(user_mounts);
     Ok(mounts)
 }
@@ -621,10 +644,23 @@ mod tests {
             systemd_cgroup: false,
             oom_score_adj: None,
             passthrough_annotations: HashMap::new(),
+            hostname: "pod-host",
+            declared_volumes: &[DeclaredVolume {
+                container_path: "/var/lib/db".into(),
+                host_path: dir.path().to_path_buf(),
+            }],
         })
         .unwrap();
         let json = serde_json::to_value(&spec).unwrap();
         assert_eq!(json["process"]["args"], serde_json::json!(["sleep", "1"]));
+        assert_eq!(json["process"]["env"][0], "HOSTNAME=pod-host");
+        let volume = json["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/var/lib/db")
+            .expect("the declared volume is mounted");
+        assert_eq!(volume["source"], dir.path().display().to_string());
         assert_eq!(json["process"]["user"]["uid"], 1000);
         assert!(
             json["process"]["env"]

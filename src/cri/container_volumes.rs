@@ -1,0 +1,240 @@
+//! Volumes an image declares (`VOLUME` in its config), as containerd's CRI gives them: per
+//! declared path a host directory under the container's root dir, seeded with what the image
+//! has at that path (owners and modes kept), mounted read-write there and removed with the
+//! container. A CRI mount at the same path wins; `ignore_image_defined_volumes` turns them
+//! off.
+//!
+//! The image's content is read from its rootfs mounted read-only on a private directory, with
+//! the path resolved inside it, and copied without following symlinks: nothing the image
+//! holds can make crius read or write a host path.
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Component, Path};
+
+use tonic::Status;
+
+use crate::api::v1::ContainerConfig;
+use crate::oci::container::DeclaredVolume;
+use crate::server::CriService;
+
+/// How deep a declared volume's tree may go (a hostile image could nest without end).
+const MAX_DEPTH: usize = 128;
+
+impl CriService {
+    /// Makes and seeds a host directory for each volume the image declares that no CRI mount
+    /// replaces. `rootfs` are the container's snapshot mounts, still unused.
+    pub(crate) async fn declared_volumes(
+        &self,
+        root_dir: &Path,
+        config: &ContainerConfig,
+        image_volumes: &[String],
+        rootfs: Vec<containerd_client::types::Mount>,
+    ) -> Result<Vec<DeclaredVolume>, Status> {
+        if self.config.ignore_image_defined_volumes {
+            return Ok(Vec::new());
+        }
+        let volumes = volumes_to_make(root_dir, config, image_volumes);
+        if volumes.is_empty() {
+            return Ok(volumes);
+        }
+        let staging = root_dir.join("volumes-rootfs");
+        let made = volumes.clone();
+        tokio::task::spawn_blocking(move || seed_volumes(&staging, &rootfs, &made))
+            .await
+            .map_err(|e| Status::internal(format!("seeding the image's volumes: {e}")))?
+            .map_err(|e| Status::internal(format!("seeding the image's volumes: {e}")))?;
+        Ok(volumes)
+    }
+}
+
+/// The declared volumes, each with its host directory, minus those a CRI mount covers.
+fn volumes_to_make(
+    root_dir: &Path,
+    config: &ContainerConfig,
+    image_volumes: &[String],
+) -> Vec<DeclaredVolume> {
+    let mut paths: Vec<String> = image_volumes.iter().map(|v| container_path(v)).collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter(|path| path != "/")
+        .filter(|path| {
+            !config
+                .mounts
+                .iter()
+                .any(|m| container_path(&m.container_path) == *path)
+        })
+        .enumerate()
+        .map(|(i, path)| DeclaredVolume {
+            container_path: path,
+            host_path: root_dir.join("volumes").join(i.to_string()),
+        })
+        .collect()
+}
+
+/// An image config's volume path as an absolute, clean Linux path (`C:/data` is `/C:/data`,
+/// `..` cannot climb above `/`).
+fn container_path(volume: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for component in Path::new(volume).components() {
+        match component {
+            Component::Normal(part) => parts.push(part.to_str().unwrap_or_default()),
+            Component::ParentDir => {
+                parts.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Mounts the rootfs read-only on `staging`, copies each volume's content out of it, and
+/// unmounts it again whatever happened.
+fn seed_volumes(
+    staging: &Path,
+    rootfs: &[containerd_client::types::Mount],
+    volumes: &[DeclaredVolume],
+) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(staging)?;
+    let read_only: Vec<_> = rootfs
+        .iter()
+        .cloned()
+        .map(|mut m| {
+            m.options.push("ro".to_string());
+            m
+        })
+        .collect();
+    crate::mount::mount_all(&read_only, staging).map_err(std::io::Error::other)?;
+    let copied = volumes
+        .iter()
+        .try_for_each(|volume| seed_volume(staging, volume));
+    let unmounted = crate::mount::unmount_all(staging).map_err(std::io::Error::other);
+    let _ = std::fs::remove_dir(staging);
+    copied.and(unmounted)
+}
+
+/// Creates the volume's host directory with the image's content at its path, or empty
+/// (mode 0755) when the image has nothing there.
+fn seed_volume(rootfs: &Path, volume: &DeclaredVolume) -> std::io::Result<()> {
+    let inside = Path::new(&volume.container_path);
+    match crate::fsutil::resolve_in_root(rootfs, inside) {
+        Ok(source) if std::fs::symlink_metadata(&source)?.is_dir() => {
+            copy_tree(&source, &volume.host_path, 0)
+        }
+        Ok(_) => Err(std::io::Error::other(format!(
+            "the image has a file, not a directory, at its volume {}",
+            volume.container_path
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&volume.host_path),
+        Err(e) => Err(e),
+    }
+}
+
+/// Copies a directory tree: directories, regular files and symlinks (as links), with their
+/// owners and modes. Device nodes, FIFOs and sockets are left out.
+fn copy_tree(source: &Path, target: &Path, depth: usize) -> std::io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(std::io::Error::other(format!(
+            "{} nests more than {MAX_DEPTH} directories deep",
+            source.display()
+        )));
+    }
+    let meta = std::fs::symlink_metadata(source)?;
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::create_dir(target)?;
+    for entry in std::fs::read_dir(source)? {
+        let entry = entry?;
+        let from = entry.path();
+        let to = target.join(entry.file_name());
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&from, &to, depth + 1)?;
+        } else if kind.is_file() {
+            std::fs::copy(&from, &to)?;
+            keep_owner_and_mode(&std::fs::symlink_metadata(&from)?, &to)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
+            let link = std::fs::symlink_metadata(&from)?;
+            std::os::unix::fs::lchown(&to, Some(link.uid()), Some(link.gid()))?;
+        }
+    }
+    keep_owner_and_mode(&meta, target)
+}
+
+/// Owner first: chown clears the setuid and setgid bits the mode may carry.
+fn keep_owner_and_mode(meta: &std::fs::Metadata, path: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(meta.uid()), Some(meta.gid()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1::Mount;
+    use std::path::PathBuf;
+
+    #[test]
+    fn volume_paths_are_absolute_and_clean() {
+        assert_eq!(container_path("/var/lib/db/"), "/var/lib/db");
+        assert_eq!(container_path("C:/weird_test_dir"), "/C:/weird_test_dir");
+        assert_eq!(container_path("/:colon_prefixed"), "/:colon_prefixed");
+        assert_eq!(container_path("/../../etc"), "/etc");
+        assert_eq!(container_path("./data/./x"), "/data/x");
+    }
+
+    #[test]
+    fn a_cri_mount_at_the_same_path_wins() {
+        let config = ContainerConfig {
+            mounts: vec![Mount {
+                container_path: "/data/".into(),
+                host_path: "/srv".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let volumes = volumes_to_make(
+            Path::new("/root/c1"),
+            &config,
+            &["/data".into(), "/logs".into(), "/logs/".into(), "/".into()],
+        );
+        assert_eq!(
+            volumes,
+            vec![DeclaredVolume {
+                container_path: "/logs".into(),
+                host_path: PathBuf::from("/root/c1/volumes/0"),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_tree_is_copied_with_links_as_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("src");
+        std::fs::create_dir_all(source.join("sub")).unwrap();
+        std::fs::write(source.join("sub/file"), b"content").unwrap();
+        std::fs::set_permissions(
+            source.join("sub/file"),
+            std::fs::Permissions::from_mode(0o640),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", source.join("link")).unwrap();
+        let target = dir.path().join("out/volume");
+        copy_tree(&source, &target, 0).unwrap();
+        assert_eq!(std::fs::read(target.join("sub/file")).unwrap(), b"content");
+        let mode = std::fs::metadata(target.join("sub/file")).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        assert_eq!(
+            std::fs::read_link(target.join("link")).unwrap(),
+            PathBuf::from("/etc/passwd")
+        );
+    }
+}
