@@ -265,6 +265,35 @@ push_declared_volumes_image() {
   skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/$tag"
 }
 
+# busybox variants whose account files attack whoever reads them: /etc/passwd a symlink to
+# a host path (with a user only that host file has), /etc/group a symlink to /dev/zero, a
+# FIFO, or larger than crius reads.
+push_hostile_account_images() {
+  local variant
+  for variant in hostlink devzero fifo huge; do
+    local tag=hostile-accounts:$variant bundle=$TB/images/bundle-hostile-$variant
+    rm -rf "$bundle"
+    umoci tag --image "$LAYOUT:busybox:latest" "$tag"
+    umoci unpack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+    local etc=$bundle/rootfs/etc
+    local user=()
+    case $variant in
+      hostlink)
+        rm "$etc/passwd"
+        ln -s /etc/crius-test-host-passwd "$etc/passwd"
+        user=(--config.user hostonly)
+        ;;
+      devzero) rm "$etc/group" && ln -s /dev/zero "$etc/group" ;;
+      fifo) rm "$etc/group" && mkfifo "$etc/group" ;;
+      huge) python3 -c "print('group:x:4242:member\n' * 300000, end='')" >"$etc/group" ;;
+    esac
+    umoci repack --image "$LAYOUT:$tag" "$bundle" >/dev/null
+    rm -rf "$bundle"
+    umoci config --image "$LAYOUT:$tag" "${user[@]}"
+    skopeo copy --quiet --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$REGISTRY_ADDR/$tag"
+  done
+}
+
 # A 50 MB image of five layers of incompressible data, for the pull benchmark.
 push_big_image() {
   local tag=big:latest bundle=$TB/images/bundle-big
@@ -353,6 +382,7 @@ images_up() {
   push_multiarch_image
   push_volume_image
   push_declared_volumes_image
+  push_hostile_account_images
   skopeo copy --quiet --dest-tls-verify=false --dest-creds "$AUTH_USER:$AUTH_PASSWORD" \
     "oci:$LAYOUT:busybox:latest" "docker://$AUTH_REGISTRY_ADDR/private/busybox:latest"
   log "test images pushed to $REGISTRY_ADDR and $AUTH_REGISTRY_ADDR"
@@ -444,7 +474,7 @@ test_against() {
     eval "$(print_env "$1")"
     log "integration tests against $CRIUS_TEST_CONTAINERD_NAME"
     local rc=0
-    if cargo test --test '*'; then
+    if cargo test --features failpoints --test '*'; then
       log "passed against $CRIUS_TEST_CONTAINERD_NAME"
     else
       log "FAILED against $CRIUS_TEST_CONTAINERD_NAME (its log: ${CRIUS_TEST_CONTAINERD_ADDRESS%/*}/log)"
@@ -465,9 +495,10 @@ run_tests() {
   deps
   cd "$ROOT"
   cargo fmt --check
-  cargo clippy --all-targets -- -D warnings
-  cargo build --all-targets
-  # Unit tests need no test bed.
+  # The integration tests drive crius through its failpoints; a release build has none.
+  cargo clippy --all-targets --features failpoints -- -D warnings
+  cargo build --all-targets --features failpoints
+  # Unit tests need no test bed; they run as the release binary is built (no failpoints).
   cargo test --lib --bins
   down
   trap down EXIT
@@ -508,7 +539,7 @@ case "${1:-}" in
   test) run_tests ;;
   bench) run_benches ;;
   big-image) push_big_image ;;
-  volume-image) push_volume_image ;;
+  volume-image) push_volume_image; push_declared_volumes_image; push_hostile_account_images ;;
   cri-containerd) push_pause_image; cri_containerd_up ;;
   *) echo "usage: $0 deps|up|down|env|test|bench|big-image|volume-image|cri-containerd" >&2; exit 2 ;;
 esac

@@ -3,14 +3,21 @@
 //! They are read once from `CRIUS_FAILPOINTS`, a `;`-separated list of `name=action`, where
 //! action is `error`, `kill` (SIGKILL to crius itself, as a crash would) or `sleep(<ms>)`.
 //! With the variable unset every check is a single load of an empty map.
+//!
+//! They exist only in a build with the `failpoints` feature (the test build, `make test`):
+//! a release binary has none, whatever its environment says.
 
+#[cfg(feature = "failpoints")]
 use std::collections::HashMap;
+#[cfg(feature = "failpoints")]
 use std::sync::OnceLock;
+#[cfg(feature = "failpoints")]
 use std::time::Duration;
 
 /// The environment variable that configures failpoints.
 pub const ENV: &str = "CRIUS_FAILPOINTS";
 
+#[cfg(feature = "failpoints")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     Error,
@@ -23,6 +30,7 @@ enum Action {
 #[error("failpoint {0} triggered")]
 pub struct Triggered(pub String);
 
+#[cfg(feature = "failpoints")]
 fn parse(spec: &str) -> HashMap<String, Action> {
     let mut points = HashMap::new();
     for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
@@ -47,13 +55,27 @@ fn parse(spec: &str) -> HashMap<String, Action> {
     points
 }
 
+#[cfg(feature = "failpoints")]
 fn points() -> &'static HashMap<String, Action> {
     static POINTS: OnceLock<HashMap<String, Action>> = OnceLock::new();
     POINTS.get_or_init(|| std::env::var(ENV).map(|s| parse(&s)).unwrap_or_default())
 }
 
+/// Without the `failpoints` feature there are none: always `Ok`.
+#[cfg(not(feature = "failpoints"))]
+pub async fn hit(_name: &str) -> Result<(), Triggered> {
+    Ok(())
+}
+
+/// Without the `failpoints` feature there are none: always `Ok`.
+#[cfg(not(feature = "failpoints"))]
+pub async fn hit_rpc(_rpc: &str) -> Result<(), Triggered> {
+    Ok(())
+}
+
 /// Evaluates the failpoint `name`: sleeps, kills the process, or returns an error as
 /// configured; returns `Ok` when it is not configured.
+#[cfg(feature = "failpoints")]
 pub async fn hit(name: &str) -> Result<(), Triggered> {
     let points = points();
     if points.is_empty() {
@@ -80,6 +102,7 @@ pub async fn hit(name: &str) -> Result<(), Triggered> {
 }
 
 /// Evaluates the failpoint `rpc.<Method>` for a CRI call; free when none is configured.
+#[cfg(feature = "failpoints")]
 pub async fn hit_rpc(rpc: &str) -> Result<(), Triggered> {
     if points().is_empty() {
         return Ok(());
@@ -87,7 +110,7 @@ pub async fn hit_rpc(rpc: &str) -> Result<(), Triggered> {
     hit(&format!("rpc.{rpc}")).await
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "failpoints"))]
 mod tests {
     use super::*;
 

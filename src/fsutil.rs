@@ -32,6 +32,19 @@ pub fn resolve_in_root(root: &Path, relative: &Path) -> std::io::Result<PathBuf>
     Ok(resolved)
 }
 
+/// Opens `relative` inside `root` for reading, resolved as [`resolve_in_root`] does, without
+/// blocking (a FIFO opens at once; reading it then finds no data) and never as the
+/// controlling terminal.
+pub fn open_in_root(root: &Path, relative: &Path) -> std::io::Result<std::fs::File> {
+    let root_dir = std::fs::File::open(root)?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let fd = nix::fcntl::openat2(&root_dir, &relative_path(relative), how)
+        .map_err(std::io::Error::from)?;
+    Ok(std::fs::File::from(fd))
+}
+
 /// `relative` with its leading `/` dropped: in-root resolution treats both alike, but an
 /// empty path must name the root itself.
 fn relative_path(relative: &Path) -> PathBuf {

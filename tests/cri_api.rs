@@ -901,6 +901,10 @@ async fn what_is_not_built_yet_is_refused_not_ignored() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_client_that_gives_up_never_cuts_a_create_in_half() {
     let crius = Crius::start_with(
         |_| {},

@@ -304,6 +304,10 @@ async fn unreachable_containerd_fails_naming_the_socket() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn rpcs_before_start_up_finished_are_unavailable() {
     let mut crius = Crius::spawn_with(|_| {}, &[("CRIUS_FAILPOINTS", "startup=sleep(3000)")]);
     let socket = crius.grpc_socket().to_path_buf();
@@ -333,6 +337,10 @@ async fn rpcs_before_start_up_finished_are_unavailable() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn sigterm_lets_the_rpc_in_flight_finish_and_exits_zero() {
     let mut crius =
         Crius::start_with(|_| {}, &[("CRIUS_FAILPOINTS", "rpc.Version=sleep(1500)")]).await;
@@ -356,6 +364,10 @@ async fn sigterm_lets_the_rpc_in_flight_finish_and_exits_zero() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_failing_critical_task_stops_crius_with_the_cause() {
     let mut crius = Crius::spawn_with(|_| {}, &[("CRIUS_FAILPOINTS", "cni_conf_syncer=error")]);
     let status = crius

@@ -390,6 +390,10 @@ async fn failed_pulls_name_the_reference_and_cause_and_leave_nothing() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_pull_failing_after_unpacking_leaves_no_content_or_snapshots() {
     let registry = Testbed::from_env().registry;
     let crius = Crius::start_with(|_| {}, &[("CRIUS_FAILPOINTS", "pull_after_unpack=error")]).await;

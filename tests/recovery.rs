@@ -442,21 +442,37 @@ async fn sandbox_crash_at(point: &str, tag: u8, survives: bool) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_crash_after_the_netns_leaves_no_pod() {
     sandbox_crash_at("sandbox_after_netns", 130, false).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_crash_after_the_sandbox_container_leaves_no_pod() {
     sandbox_crash_at("sandbox_after_container", 131, false).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_crash_after_cni_add_leaves_no_pod_and_no_ip() {
     sandbox_crash_at("sandbox_after_cni", 132, false).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_crash_after_the_pause_task_started_finishes_the_pod() {
     sandbox_crash_at("sandbox_after_start", 133, true).await;
 }
@@ -525,16 +541,28 @@ async fn container_crash_at(point: &str, removing: bool) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_crash_after_the_container_snapshot_leaves_no_container() {
     container_crash_at("container_after_snapshot", false).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_crash_after_the_container_record_leaves_no_container() {
     container_crash_at("container_after_record", false).await;
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_crash_in_the_middle_of_remove_container_finishes_it() {
     container_crash_at("container_remove_after_record", true).await;
 }

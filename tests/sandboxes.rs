@@ -360,6 +360,10 @@ async fn the_same_name_twice_is_already_exists_until_removed() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_failure_after_cni_add_leaves_nothing_behind() {
     let mut network = None;
     let crius = Crius::start_with(

@@ -17,7 +17,7 @@ use super::sandbox::{KIND_CONTAINER, KIND_LABEL, internal, is_host_ipc, new_id};
 use super::unix_nanos;
 use crate::io::ContainerIo;
 use crate::oci::container::{ContainerSpecInput, PodFiles, container_spec};
-use crate::oci::user::{AccountFiles, cri_user_string, resolve_with_policy, rootfs_layers};
+use crate::oci::user::{cri_user_string, resolve_with_policy};
 use crate::oci::{self};
 use crate::server::CriService;
 use crate::store::{Container, ContainerMetadata, ContainerStatus, SandboxState};
@@ -107,6 +107,7 @@ impl CriService {
             )));
         }
         self.check_runtime_supports(&config, &sandbox_meta.runtime_handler)?;
+        check_log_path(&config.log_path)?;
         let image = self.images.resolve(&image_text).ok_or_else(|| {
             Status::not_found(format!("image {image_text:?} not found: pull it first"))
         })?;
@@ -186,9 +187,10 @@ impl CriService {
                     .iter()
                     .flat_map(|v| v.keys().cloned())
                     .collect();
-                let declared_volumes = self
-                    .declared_volumes(&root_dir, &config, &image_volumes, mounts.clone())
+                let rootfs = self
+                    .read_container_rootfs(&root_dir, &config, &image_volumes, mounts.clone())
                     .await?;
+                let declared_volumes = rootfs.volumes;
 
                 let linux = config.linux.clone().unwrap_or_default();
                 let security = linux.security_context.clone().unwrap_or_default();
@@ -203,7 +205,7 @@ impl CriService {
                 } else {
                     user_string
                 };
-                let files = AccountFiles::from_layers(&rootfs_layers(&mounts));
+                let files = rootfs.accounts;
                 let strict = security.supplemental_groups_policy
                     == crate::api::v1::SupplementalGroupsPolicy::Strict as i32;
                 let user = resolve_with_policy(
@@ -354,6 +356,25 @@ impl CriService {
     }
 }
 
+/// A container's log path is relative to the pod's log directory and stays inside it.
+fn check_log_path(log_path: &str) -> Result<(), Status> {
+    let path = Path::new(log_path);
+    let escapes = path.components().any(|c| {
+        matches!(
+            c,
+            std::path::Component::RootDir
+                | std::path::Component::ParentDir
+                | std::path::Component::Prefix(_)
+        )
+    });
+    if escapes {
+        return Err(Status::invalid_argument(format!(
+            "log_path {log_path:?} must be relative to the pod's log_directory, without `..`"
+        )));
+    }
+    Ok(())
+}
+
 /// The container config's stop signal wins over the image's (`STOPSIGNAL`).
 fn effective_stop_signal(config: &crate::api::v1::ContainerConfig, image_signal: &str) -> String {
     use crate::api::v1::Signal;
@@ -376,5 +397,20 @@ fn status_user(user: &crate::oci::user::ResolvedUser) -> crate::api::v1::LinuxCo
         uid: user.uid.into(),
         gid: user.gid.into(),
         supplemental_groups: groups,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_path_cannot_leave_the_log_directory() {
+        assert!(check_log_path("app/0.log").is_ok());
+        assert!(check_log_path("").is_ok());
+        for bad in ["/etc/cron.d/evil", "../../evil.log", "app/../../x.log"] {
+            let err = check_log_path(bad).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}");
+        }
     }
 }

@@ -102,13 +102,18 @@ pub struct LogFile {
     file: Mutex<std::fs::File>,
 }
 
+/// Opens the log for appending, creating it 0640 (kubelet and log agents read it as root or
+/// through the group), never through a symlink at its path.
 fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
 }
 
@@ -218,6 +223,21 @@ mod tests {
             b"2016-10-06T00:17:09.669794202Z stdout F text\n"
         );
         assert!(format_entry(t, Stream::Stderr, true, b"x").ends_with(b"stderr P x\n"));
+    }
+
+    #[test]
+    fn a_log_is_created_0640_and_never_through_a_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c/0.log");
+        LogFile::open(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        let elsewhere = dir.path().join("elsewhere");
+        let link = dir.path().join("c/1.log");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        assert!(LogFile::open(&link).is_err());
+        assert!(!elsewhere.exists());
     }
 
     #[test]

@@ -2,8 +2,6 @@
 //! security context or the image's `User`, with names looked up in the image's own
 //! `/etc/passwd` and `/etc/group`.
 
-use std::path::{Path, PathBuf};
-
 use super::SpecError;
 
 /// The uid, gid and supplementary groups a process runs with.
@@ -64,51 +62,12 @@ fn parse_group(text: &str) -> Vec<GroupEntry> {
         .collect()
 }
 
-/// The image's account files (empty when the image has none).
+/// The image's account files (empty when the image has none), as `cri::container_rootfs`
+/// reads them.
 #[derive(Debug, Clone, Default)]
 pub struct AccountFiles {
     pub passwd: String,
     pub group: String,
-}
-
-impl AccountFiles {
-    /// Reads `/etc/passwd` and `/etc/group` from a rootfs given as directories searched in
-    /// order (an overlay's upper dir, then its lower dirs, top first).
-    pub fn from_layers(layers: &[PathBuf]) -> Self {
-        let read = |path: &str| {
-            layers
-                .iter()
-                .find_map(|dir| std::fs::read_to_string(dir.join(path)).ok())
-                .unwrap_or_default()
-        };
-        Self {
-            passwd: read("etc/passwd"),
-            group: read("etc/group"),
-        }
-    }
-}
-
-/// The directories of a snapshot's mounts, top first: overlay upper and lower dirs, or a
-/// bind mount's source.
-pub fn rootfs_layers(mounts: &[containerd_client::types::Mount]) -> Vec<PathBuf> {
-    let mut layers = Vec::new();
-    for mount in mounts {
-        if mount.r#type == "overlay" {
-            for option in &mount.options {
-                if let Some(upper) = option.strip_prefix("upperdir=") {
-                    layers.insert(0, PathBuf::from(upper));
-                }
-            }
-            for option in &mount.options {
-                if let Some(lower) = option.strip_prefix("lowerdir=") {
-                    layers.extend(lower.split(':').map(PathBuf::from));
-                }
-            }
-        } else if !mount.source.is_empty() && Path::new(&mount.source).is_dir() {
-            layers.push(PathBuf::from(&mount.source));
-        }
-    }
-    layers
 }
 
 /// The user string as containerd builds it from the CRI fields: `uid` or `name`, with
@@ -267,27 +226,5 @@ mod tests {
         assert_eq!(cri_user_string(None, "nobody", None).unwrap(), "nobody");
         assert_eq!(cri_user_string(None, "", None).unwrap(), "");
         assert!(cri_user_string(None, "", Some(1)).is_err());
-    }
-
-    #[test]
-    fn overlay_layers_top_first() {
-        let mount = containerd_client::types::Mount {
-            r#type: "overlay".into(),
-            source: "overlay".into(),
-            target: String::new(),
-            options: vec![
-                "workdir=/w".into(),
-                "upperdir=/u".into(),
-                "lowerdir=/l1:/l2".into(),
-            ],
-        };
-        assert_eq!(
-            rootfs_layers(&[mount]),
-            vec![
-                PathBuf::from("/u"),
-                PathBuf::from("/l1"),
-                PathBuf::from("/l2")
-            ]
-        );
     }
 }

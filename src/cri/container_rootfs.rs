@@ -1,13 +1,17 @@
-//! Volumes an image declares (`VOLUME` in its config), as containerd's CRI gives them: per
-//! declared path a host directory under the container's root dir, seeded with what the image
-//! has at that path (owners and modes kept), mounted read-write there and removed with the
-//! container. A CRI mount at the same path wins; `ignore_image_defined_volumes` turns them
-//! off.
+//! What CreateContainer reads from the image, on the container's rootfs mounted read-only on
+//! a private directory, with every path resolved inside it (openat2 `RESOLVE_IN_ROOT`):
+//! nothing the image holds (a symlink to the host's `/etc/passwd` or to `/dev/zero`, a FIFO,
+//! a huge file) can make crius read a host path, hang or fill its memory. The work runs off
+//! the runtime's threads.
 //!
-//! The image's content is read from its rootfs mounted read-only on a private directory, with
-//! the path resolved inside it, and copied without following symlinks: nothing the image
-//! holds can make crius read or write a host path.
+//! - The account files: `/etc/passwd` and `/etc/group`, regular files of at most 4 MiB.
+//! - The volumes the image declares (`VOLUME`), as containerd's CRI gives them: per declared
+//!   path a host directory under the container's root dir, seeded with what the image has
+//!   at that path (owners and modes kept), mounted read-write there and removed with the
+//!   container. A CRI mount at the same path wins; `ignore_image_defined_volumes` turns
+//!   them off.
 
+use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path};
 
@@ -15,36 +19,121 @@ use tonic::Status;
 
 use crate::api::v1::ContainerConfig;
 use crate::oci::container::DeclaredVolume;
+use crate::oci::user::AccountFiles;
 use crate::server::CriService;
 
 /// How deep a declared volume's tree may go (a hostile image could nest without end).
 const MAX_DEPTH: usize = 128;
+/// The largest `/etc/passwd` or `/etc/group` crius reads.
+pub const MAX_ACCOUNT_FILE: u64 = 4 * 1024 * 1024;
+
+/// Why the image's rootfs could not be read as CreateContainer needs it.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    /// The image itself is at fault: the client can only pick another image.
+    #[error("{0}")]
+    Image(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the container's creation took from its image.
+pub struct RootfsReads {
+    pub accounts: AccountFiles,
+    pub volumes: Vec<DeclaredVolume>,
+}
 
 impl CriService {
-    /// Makes and seeds a host directory for each volume the image declares that no CRI mount
-    /// replaces. `rootfs` are the container's snapshot mounts, still unused.
-    pub(crate) async fn declared_volumes(
+    /// Reads the account files and makes the declared volumes. `rootfs` are the container's
+    /// snapshot mounts, still unused.
+    pub(crate) async fn read_container_rootfs(
         &self,
         root_dir: &Path,
         config: &ContainerConfig,
         image_volumes: &[String],
         rootfs: Vec<containerd_client::types::Mount>,
-    ) -> Result<Vec<DeclaredVolume>, Status> {
-        if self.config.ignore_image_defined_volumes {
-            return Ok(Vec::new());
-        }
-        let volumes = volumes_to_make(root_dir, config, image_volumes);
-        if volumes.is_empty() {
-            return Ok(volumes);
-        }
-        let staging = root_dir.join("volumes-rootfs");
-        let made = volumes.clone();
-        tokio::task::spawn_blocking(move || seed_volumes(&staging, &rootfs, &made))
-            .await
-            .map_err(|e| Status::internal(format!("seeding the image's volumes: {e}")))?
-            .map_err(|e| Status::internal(format!("seeding the image's volumes: {e}")))?;
-        Ok(volumes)
+    ) -> Result<RootfsReads, Status> {
+        let volumes = if self.config.ignore_image_defined_volumes {
+            Vec::new()
+        } else {
+            volumes_to_make(root_dir, config, image_volumes)
+        };
+        let staging = root_dir.join("rootfs-view");
+        tokio::task::spawn_blocking(move || {
+            with_read_only_rootfs(&staging, &rootfs, |root| {
+                let accounts = AccountFiles {
+                    passwd: read_image_file(root, "etc/passwd")?,
+                    group: read_image_file(root, "etc/group")?,
+                };
+                for volume in &volumes {
+                    seed_volume(root, volume)?;
+                }
+                Ok(RootfsReads { accounts, volumes })
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("reading the image's rootfs: {e}")))?
+        .map_err(|e| match e {
+            RootfsError::Image(message) => Status::invalid_argument(message),
+            RootfsError::Io(e) => Status::internal(format!("reading the image's rootfs: {e}")),
+        })
     }
+}
+
+/// Mounts the rootfs read-only on `staging`, runs `work` on it and unmounts it again,
+/// whatever happened.
+fn with_read_only_rootfs<T>(
+    staging: &Path,
+    rootfs: &[containerd_client::types::Mount],
+    work: impl FnOnce(&Path) -> Result<T, RootfsError>,
+) -> Result<T, RootfsError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(staging)?;
+    let read_only: Vec<_> = rootfs
+        .iter()
+        .cloned()
+        .map(|mut m| {
+            // Device nodes in the image cannot even be opened through this view.
+            m.options
+                .extend(["ro", "nodev", "nosuid", "noexec"].map(String::from));
+            m
+        })
+        .collect();
+    crate::mount::mount_all(&read_only, staging).map_err(std::io::Error::other)?;
+    let result = work(staging);
+    let unmounted = crate::mount::unmount_all(staging).map_err(std::io::Error::other);
+    let _ = std::fs::remove_dir(staging);
+    let value = result?;
+    unmounted?;
+    Ok(value)
+}
+
+/// A text file of the image (empty when the image has none): resolved inside the image,
+/// a regular file, at most [`MAX_ACCOUNT_FILE`] bytes. Opened without blocking, so a FIFO
+/// is refused rather than waited on.
+fn read_image_file(root: &Path, path: &str) -> Result<String, RootfsError> {
+    let file = match crate::fsutil::open_in_root(root, Path::new(path)) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(RootfsError::Image(format!("the image's /{path}: {e}"))),
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(RootfsError::Image(format!(
+            "the image's /{path} is not a regular file"
+        )));
+    }
+    if meta.len() > MAX_ACCOUNT_FILE {
+        return Err(RootfsError::Image(format!(
+            "the image's /{path} is {} bytes, more than the {MAX_ACCOUNT_FILE} crius reads",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_ACCOUNT_FILE).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The declared volumes, each with its host directory, minus those a CRI mount covers.
@@ -89,51 +178,26 @@ fn container_path(volume: &str) -> String {
     format!("/{}", parts.join("/"))
 }
 
-/// Mounts the rootfs read-only on `staging`, copies each volume's content out of it, and
-/// unmounts it again whatever happened.
-fn seed_volumes(
-    staging: &Path,
-    rootfs: &[containerd_client::types::Mount],
-    volumes: &[DeclaredVolume],
-) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(staging)?;
-    let read_only: Vec<_> = rootfs
-        .iter()
-        .cloned()
-        .map(|mut m| {
-            m.options.push("ro".to_string());
-            m
-        })
-        .collect();
-    crate::mount::mount_all(&read_only, staging).map_err(std::io::Error::other)?;
-    let copied = volumes
-        .iter()
-        .try_for_each(|volume| seed_volume(staging, volume));
-    let unmounted = crate::mount::unmount_all(staging).map_err(std::io::Error::other);
-    let _ = std::fs::remove_dir(staging);
-    copied.and(unmounted)
-}
-
 /// Creates the volume's host directory with the image's content at its path, or empty
 /// (mode 0755) when the image has nothing there.
-fn seed_volume(rootfs: &Path, volume: &DeclaredVolume) -> std::io::Result<()> {
+fn seed_volume(rootfs: &Path, volume: &DeclaredVolume) -> Result<(), RootfsError> {
     let inside = Path::new(&volume.container_path);
     match crate::fsutil::resolve_in_root(rootfs, inside) {
         Ok(source) if std::fs::symlink_metadata(&source)?.is_dir() => {
-            copy_tree(&source, &volume.host_path, 0)
+            Ok(copy_tree(&source, &volume.host_path, 0)?)
         }
-        Ok(_) => Err(std::io::Error::other(format!(
+        Ok(_) => Err(RootfsError::Image(format!(
             "the image has a file, not a directory, at its volume {}",
             volume.container_path
         ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
-            .create(&volume.host_path),
-        Err(e) => Err(e),
+            .create(&volume.host_path)?),
+        Err(e) => Err(RootfsError::Image(format!(
+            "the image's volume {}: {e}",
+            volume.container_path
+        ))),
     }
 }
 

@@ -1,0 +1,147 @@
+//! A tenant who picks the image or the pod config attacks the node through crius: the
+//! attacks run against the real daemon, and each must fail safely, quickly, and leave crius
+//! answering.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Crius;
+use common::pod::{Pod, container, image, pod};
+use crius::api::v1::{ImageSpec, PullImageRequest, VersionRequest};
+use tonic::Code;
+
+async fn pull(pod: &mut Pod, name: &str) {
+    pod.client
+        .image
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: image(name),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("pull");
+}
+
+/// crius's resident memory, in KiB.
+fn rss_kib(crius: &Crius) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", crius.pid())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// Creates a container of `img` and returns how long crius took and its answer.
+async fn create(pod: &mut Pod, name: &str, img: &str) -> (Duration, Result<String, tonic::Status>) {
+    let started = Instant::now();
+    let outcome = pod.create(container(name, img, &["sleep", "1000"])).await;
+    (started.elapsed(), outcome)
+}
+
+#[tokio::test]
+async fn account_files_that_attack_the_reader_give_the_images_data_or_a_clear_error() {
+    // A user only the host's file knows: an image linking to it must not get it.
+    let host_file = std::path::Path::new("/etc/crius-test-host-passwd");
+    std::fs::write(host_file, "hostonly:x:4321:4321::/:/bin/sh\n").unwrap();
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "hostile-accounts").await;
+    for variant in ["hostlink", "devzero", "fifo", "huge"] {
+        pull(&mut pod, &format!("hostile-accounts:{variant}")).await;
+    }
+
+    let (took, hostlink) = create(&mut pod, "hostlink", "hostile-accounts:hostlink").await;
+    let err = hostlink.expect_err("the host's accounts are not the image's");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("hostonly"), "{}", err.message());
+    assert!(took < Duration::from_secs(10), "{took:?}");
+
+    // /etc/group -> /dev/zero resolves inside the image, which has no /dev/zero.
+    let (took, devzero) = create(&mut pod, "devzero", "hostile-accounts:devzero").await;
+    devzero.expect("the image's own (missing) /dev/zero is no group file");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // (Not started: runc reads the container's /etc/group itself, from inside, where its
+    // /dev has a /dev/zero; that is the OCI runtime's exposure, not crius's.)
+
+    for (variant, wanted) in [("fifo", "not a regular file"), ("huge", "more than")] {
+        let (took, outcome) =
+            create(&mut pod, variant, &format!("hostile-accounts:{variant}")).await;
+        let err = outcome.expect_err(variant);
+        assert_eq!(err.code(), Code::InvalidArgument, "{variant}: {err:?}");
+        assert!(
+            err.message().contains(wanted),
+            "{variant}: {}",
+            err.message()
+        );
+        assert!(took < Duration::from_secs(10), "{variant} took {took:?}");
+    }
+
+    // crius still answers, did not balloon, and the refused containers left nothing.
+    let started = Instant::now();
+    pod.client
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("version");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(rss_kib(&crius) < 256 * 1024, "{} KiB", rss_kib(&crius));
+    let dirs = std::fs::read_dir(crius.config.root.join("containers"))
+        .unwrap()
+        .count();
+    assert_eq!(dirs, 1, "only the devzero container exists");
+    let staging = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("rootfs-view"))
+        .count();
+    assert_eq!(staging, 0, "no read-only rootfs view stays mounted");
+    pod.remove_pod().await;
+    let _ = std::fs::remove_file(host_file);
+}
+
+#[tokio::test]
+async fn a_log_path_cannot_leave_the_log_directory_or_follow_a_symlink() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "hostile-logs").await;
+    let outside = crius.dir.path().join("outside.log");
+    for bad in [
+        outside.display().to_string(),
+        "../../outside.log".to_string(),
+    ] {
+        let mut config = container("escape", "busybox:latest", &["echo", "hi"]);
+        config.log_path = bad.clone();
+        let err = pod.create(config).await.expect_err(&bad);
+        assert_eq!(err.code(), Code::InvalidArgument, "{bad}: {err:?}");
+    }
+    assert!(!outside.exists());
+
+    // A symlink planted where the log goes is not followed.
+    let log_dir = std::path::Path::new(&pod.config.log_directory);
+    std::fs::create_dir_all(log_dir).unwrap();
+    std::os::unix::fs::symlink(&outside, log_dir.join("planted.log")).unwrap();
+    let mut config = container("planted", "busybox:latest", &["echo", "hi"]);
+    config.log_path = "planted.log".to_string();
+    let id = pod.create(config).await.expect("create");
+    let err = pod.start(&id).await.expect_err("the log is a symlink");
+    assert!(
+        !outside.exists(),
+        "nothing was written through the link: {err:?}"
+    );
+
+    // A normal log is created 0640.
+    let ok = pod
+        .run(container("normal", "busybox:latest", &["echo", "hi"]))
+        .await;
+    pod.wait_exited(&ok).await;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(pod.log_path("normal"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o640);
+    pod.remove_pod().await;
+}
