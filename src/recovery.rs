@@ -131,6 +131,12 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
         if let Err(e) = service.sandbox_names.reserve(&metadata.name, &metadata.id) {
             tracing::warn!(sandbox = %metadata.id, error = %e, "sandbox name already taken");
         }
+        // A kubelet retry of the RunPodSandbox that made it still finds it.
+        service.sandbox_names.set_fingerprint(
+            &metadata.name,
+            &metadata.id,
+            crate::cri::sandbox_fingerprint(&metadata.config, &metadata.runtime_handler),
+        );
         service.sandboxes.add(Arc::new(Sandbox::new(
             metadata,
             SandboxStatus {
@@ -258,6 +264,11 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
         if let Err(e) = service.container_names.reserve(&metadata.name, &id) {
             tracing::warn!(container = %id, error = %e, "container name already taken");
         }
+        service.container_names.set_fingerprint(
+            &metadata.name,
+            &id,
+            crate::cri::container_fingerprint(&metadata.sandbox_id, &metadata.config),
+        );
         service.containers.add(container);
         recovered += 1;
     }

@@ -145,3 +145,149 @@ async fn a_log_path_cannot_leave_the_log_directory_or_follow_a_symlink() {
     assert_eq!(mode & 0o777, 0o640);
     pod.remove_pod().await;
 }
+
+fn failpoints(spec: &str) -> [(&'static str, &str); 1] {
+    [("CRIUS_FAILPOINTS", spec)]
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_retried_create_container_gets_the_first_ones_container() {
+    let crius = Crius::start_with(|_| {}, &failpoints("container_after_record=sleep(2000)")).await;
+    let pod = pod(&crius, "retried-create").await;
+    let config = container("patient", "busybox:latest", &["sleep", "1000"]);
+    let request = |config: crius::api::v1::ContainerConfig, timeout: Duration| {
+        let mut request = tonic::Request::new(crius::api::v1::CreateContainerRequest {
+            pod_sandbox_id: pod.id.clone(),
+            config: Some(config),
+            sandbox_config: Some(pod.config.clone()),
+        });
+        request.set_timeout(timeout);
+        request
+    };
+    let mut client = pod.client.clone();
+    let err = client
+        .runtime
+        .create_container(request(config.clone(), Duration::from_millis(300)))
+        .await
+        .expect_err("kubelet gives up first");
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    // The retry, while the first is still running, joins it.
+    let retried = client
+        .runtime
+        .create_container(request(config.clone(), Duration::from_secs(30)))
+        .await
+        .expect("the retry gets the first call's container")
+        .into_inner()
+        .container_id;
+    // And once it is done, a retry gets the same container at once.
+    let again = client
+        .runtime
+        .create_container(request(config.clone(), Duration::from_secs(30)))
+        .await
+        .expect("a late retry")
+        .into_inner()
+        .container_id;
+    assert_eq!(retried, again);
+    let listed = client
+        .runtime
+        .list_containers(crius::api::v1::ListContainersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, retried);
+    // A different config under the same name is still refused.
+    let mut other = config.clone();
+    other.command = vec!["sleep".into(), "5".into()];
+    let err = client
+        .runtime
+        .create_container(request(other, Duration::from_secs(30)))
+        .await
+        .expect_err("a different request");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_retried_run_pod_sandbox_gets_the_first_ones_pod_also_after_a_restart() {
+    let mut crius =
+        Crius::start_with(|_| {}, &failpoints("sandbox_after_container=sleep(2000)")).await;
+    let mut client = crius.client().await;
+    let mut config = common::pod_config("retried-pod");
+    config.linux = Some(crius::api::v1::LinuxPodSandboxConfig {
+        security_context: Some(crius::api::v1::LinuxSandboxSecurityContext {
+            namespace_options: Some(crius::api::v1::NamespaceOption {
+                network: crius::api::v1::NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let request = |config: crius::api::v1::PodSandboxConfig, timeout: Duration| {
+        let mut request = tonic::Request::new(crius::api::v1::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        });
+        request.set_timeout(timeout);
+        request
+    };
+    let err = client
+        .runtime
+        .run_pod_sandbox(request(config.clone(), Duration::from_millis(300)))
+        .await
+        .expect_err("kubelet gives up first");
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    let first = client
+        .runtime
+        .run_pod_sandbox(request(config.clone(), Duration::from_secs(60)))
+        .await
+        .expect("the retry joins the first call")
+        .into_inner()
+        .pod_sandbox_id;
+
+    // After a crius restart the retry still finds it, by the stored config.
+    crius.restart().await;
+    let mut client = crius.client().await;
+    let again = client
+        .runtime
+        .run_pod_sandbox(request(config.clone(), Duration::from_secs(60)))
+        .await
+        .expect("a retry after a restart")
+        .into_inner()
+        .pod_sandbox_id;
+    assert_eq!(first, again);
+    let pods = client
+        .runtime
+        .list_pod_sandbox(crius::api::v1::ListPodSandboxRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(pods.len(), 1);
+
+    let mut other = config.clone();
+    other.labels.insert("changed".into(), "yes".into());
+    let err = client
+        .runtime
+        .run_pod_sandbox(request(other, Duration::from_secs(60)))
+        .await
+        .expect_err("a different request");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    client
+        .runtime
+        .remove_pod_sandbox(crius::api::v1::RemovePodSandboxRequest {
+            pod_sandbox_id: first,
+        })
+        .await
+        .expect("remove");
+}

@@ -84,6 +84,7 @@ impl CriService {
         let mut config = req
             .config
             .ok_or_else(|| Status::invalid_argument("container config is required"))?;
+        let fingerprint = container_fingerprint(&req.pod_sandbox_id, &config);
         let meta = config
             .metadata
             .clone()
@@ -117,9 +118,28 @@ impl CriService {
             meta.name, pod.name, pod.namespace, pod.uid, meta.attempt
         );
         let id = new_id();
-        self.container_names.reserve(&name, &id).map_err(|e| {
-            Status::already_exists(format!("failed to reserve container name {name:?}: {e}"))
-        })?;
+        let containers = self.containers.clone();
+        let reserved = super::names::reserve(
+            &self.container_names,
+            "container",
+            &name,
+            &id,
+            &fingerprint,
+            |holder| {
+                containers
+                    .get(holder)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| c.id() == holder)
+            },
+        )
+        .await?;
+        if let super::names::Reservation::Existing(existing) = reserved {
+            tracing::info!(container = %existing, name, "a retried CreateContainer gets the container it made");
+            return Ok(CreateContainerResponse {
+                container_id: existing,
+            });
+        }
         let runtime = self
             .config
             .runtime(&sandbox_meta.runtime_handler)
@@ -345,6 +365,7 @@ impl CriService {
         match created {
             Ok(()) => {
                 undo.disarm();
+                self.container_names.settle(&name, &id);
                 tracing::info!(container = %id, name, sandbox = %sandbox_meta.id, "container created");
                 Ok(CreateContainerResponse { container_id: id })
             }
@@ -354,6 +375,14 @@ impl CriService {
             }
         }
     }
+}
+
+/// What makes two CreateContainer requests the same: the pod and the container config.
+pub(crate) fn container_fingerprint(
+    sandbox_id: &str,
+    config: &crate::api::v1::ContainerConfig,
+) -> String {
+    crate::store::name_registrar::fingerprint(&(sandbox_id, config))
 }
 
 /// A container's log path is relative to the pod's log directory and stays inside it.

@@ -7,6 +7,7 @@
 
 pub(crate) mod container;
 mod container_create;
+pub(crate) use container_create::container_fingerprint;
 mod container_events;
 pub use container_events::EVENT_BUFFER as CONTAINER_EVENT_BUFFER;
 mod container_execsync;
@@ -25,11 +26,13 @@ mod image_status;
 pub(crate) mod image_volume;
 mod list_stream;
 mod metrics;
+mod names;
 mod not_built;
 mod runtime_config;
 pub(crate) mod sandbox;
 mod sandbox_remove;
 mod sandbox_run;
+pub(crate) use sandbox_run::sandbox_fingerprint;
 mod sandbox_status;
 mod sandbox_stop;
 mod sandbox_update;

@@ -70,9 +70,29 @@ impl CriService {
 
         let id = new_id();
         let name = format!("{}_{}_{}_{}", pod.name, pod.namespace, pod.uid, pod.attempt);
-        self.sandbox_names.reserve(&name, &id).map_err(|e| {
-            Status::already_exists(format!("failed to reserve sandbox name {name:?}: {e}"))
-        })?;
+        let fingerprint = sandbox_fingerprint(&config, &handler);
+        let sandboxes = self.sandboxes.clone();
+        let reserved = super::names::reserve(
+            &self.sandbox_names,
+            "sandbox",
+            &name,
+            &id,
+            &fingerprint,
+            |holder| {
+                sandboxes
+                    .get(holder)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|s| s.id() == holder)
+            },
+        )
+        .await?;
+        if let super::names::Reservation::Existing(existing) = reserved {
+            tracing::info!(sandbox = %existing, name, "a retried RunPodSandbox gets the pod it made");
+            return Ok(RunPodSandboxResponse {
+                pod_sandbox_id: existing,
+            });
+        }
 
         let service = self.clone();
         let task_id = id.clone();
@@ -88,7 +108,10 @@ impl CriService {
                 .create_sandbox(&mut undo, &task_id, &name, config, &handler, &runtime)
                 .await;
             match result {
-                Ok(()) => undo.disarm(),
+                Ok(()) => {
+                    undo.disarm();
+                    service.sandbox_names.settle(&name, &task_id);
+                }
                 Err(_) => undo.run().await,
             }
             result
@@ -487,4 +510,9 @@ fn refuse_user_namespace(config: &PodSandboxConfig) -> Result<(), Status> {
         }
         _ => Ok(()),
     }
+}
+
+/// What makes two RunPodSandbox requests the same: the config and the handler.
+pub(crate) fn sandbox_fingerprint(config: &PodSandboxConfig, handler: &str) -> String {
+    crate::store::name_registrar::fingerprint(&(config, handler))
 }
