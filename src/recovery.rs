@@ -96,8 +96,9 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
                 continue;
             }
             None => {
-                tracing::warn!(sandbox = %record.id, "deleting a sandbox container without crius metadata");
-                delete_record(service, &record.id).await;
+                // Not crius's (containerd's own CRI labels its records the same way):
+                // never touched.
+                tracing::debug!(sandbox = %record.id, "skipping a sandbox container crius did not make");
                 continue;
             }
         };
@@ -167,8 +168,7 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
                 continue;
             }
             None => {
-                tracing::warn!(container = %record.id, "deleting a container without crius metadata");
-                delete_record(service, &record.id).await;
+                tracing::debug!(container = %record.id, "skipping a container crius did not make");
                 continue;
             }
         };

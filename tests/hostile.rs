@@ -291,3 +291,166 @@ async fn a_retried_run_pod_sandbox_gets_the_first_ones_pod_also_after_a_restart(
         .await
         .expect("remove");
 }
+
+fn privileged_pod_config(name: &str) -> crius::api::v1::PodSandboxConfig {
+    let mut config = common::pod_config(name);
+    config.linux = Some(crius::api::v1::LinuxPodSandboxConfig {
+        security_context: Some(crius::api::v1::LinuxSandboxSecurityContext {
+            privileged: true,
+            namespace_options: Some(crius::api::v1::NamespaceOption {
+                network: crius::api::v1::NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    config
+}
+
+#[tokio::test]
+async fn privileged_without_host_devices_keeps_the_hosts_devices_out() {
+    let crius = Crius::start_with(
+        |c| {
+            if let Some(runc) = c.containerd.runtimes.get_mut("runc") {
+                runc.privileged_without_host_devices = true;
+            }
+        },
+        &[],
+    )
+    .await;
+    let mut pod = common::pod::pod_with(&crius, privileged_pod_config("no-host-devices")).await;
+    let mut config = container("privileged", "busybox:latest", &["sleep", "1000"]);
+    config.linux = Some(crius::api::v1::LinuxContainerConfig {
+        security_context: Some(crius::api::v1::LinuxContainerSecurityContext {
+            privileged: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    config.devices = vec![crius::api::v1::Device {
+        container_path: "/dev/asked-for".into(),
+        host_path: "/dev/null".into(),
+        permissions: "rw".into(),
+    }];
+    let id = pod.run(config).await;
+    let (out, _, _) = pod
+        .exec(&id, &["sh", "-c", "ls /dev"], 10)
+        .await
+        .expect("exec");
+    let devices: Vec<&str> = out.split_whitespace().collect();
+    assert!(devices.contains(&"asked-for"), "{devices:?}");
+    for host_only in ["mem", "kmsg", "loop0", "sda", "vda", "nvme0"] {
+        if std::path::Path::new("/dev").join(host_only).exists() {
+            assert!(!devices.contains(&host_only), "{host_only} in {devices:?}");
+        }
+    }
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn out_of_range_resources_are_invalid_before_they_reach_the_runtime() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "bad-resources").await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let bad = [
+        crius::api::v1::LinuxContainerResources {
+            cpuset_cpus: "1,,2".into(),
+            ..Default::default()
+        },
+        crius::api::v1::LinuxContainerResources {
+            oom_score_adj: 5000,
+            ..Default::default()
+        },
+        crius::api::v1::LinuxContainerResources {
+            cpu_quota: 5,
+            ..Default::default()
+        },
+    ];
+    for resources in bad {
+        let err = pod
+            .client
+            .runtime
+            .update_container_resources(crius::api::v1::UpdateContainerResourcesRequest {
+                container_id: id.clone(),
+                linux: Some(resources.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{resources:?}: {err:?}");
+        let err = pod
+            .client
+            .runtime
+            .update_pod_sandbox_resources(crius::api::v1::UpdatePodSandboxResourcesRequest {
+                pod_sandbox_id: pod.id.clone(),
+                resources: Some(resources.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused for the pod too");
+        assert_eq!(err.code(), Code::InvalidArgument, "{resources:?}: {err:?}");
+        let mut config = container("bad", "busybox:latest", &["sleep", "1000"]);
+        config.linux = Some(crius::api::v1::LinuxContainerConfig {
+            resources: Some(resources.clone()),
+            ..Default::default()
+        });
+        let err = pod.create(config).await.expect_err("refused at creation");
+        assert_eq!(err.code(), Code::InvalidArgument, "{resources:?}: {err:?}");
+    }
+    // An ExecSync timeout beyond any clock is simply no deadline.
+    let (out, _, code) = pod
+        .exec(&id, &["echo", "still here"], i64::MAX)
+        .await
+        .expect("exec with a huge timeout");
+    assert_eq!((out.as_str(), code), ("still here\n", 0));
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn start_up_leaves_containers_it_did_not_make_alone() {
+    let mut crius = Crius::start().await;
+    let pod = pod(&crius, "foreign").await;
+    // Records as containerd's own CRI makes them, in the same namespace.
+    let busybox = image("busybox:latest");
+    for (id, kind) in [
+        ("foreign-sandbox", "sandbox"),
+        ("foreign-container", "container"),
+    ] {
+        crius.ctr(&[
+            "containers",
+            "create",
+            "--label",
+            &format!("io.cri-containerd.kind={kind}"),
+            &busybox,
+            id,
+        ]);
+    }
+    crius.restart().await;
+    let listed = crius.ctr(&["containers", "ls", "-q"]);
+    assert!(
+        listed.contains("foreign-sandbox") && listed.contains("foreign-container"),
+        "start-up deleted what it did not make: {listed}"
+    );
+    let mut client = crius.client().await;
+    let pods = client
+        .runtime
+        .list_pod_sandbox(crius::api::v1::ListPodSandboxRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(pods.len(), 1, "only crius's own pod");
+    assert_eq!(pods[0].id, pod.id);
+    let containers = client
+        .runtime
+        .list_containers(crius::api::v1::ListContainersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert!(containers.is_empty(), "{containers:?}");
+    crius.ctr(&["containers", "rm", "foreign-sandbox", "foreign-container"]);
+}

@@ -349,7 +349,13 @@ async fn the_same_name_twice_is_already_exists_until_removed() {
     let _network = network.unwrap();
     let mut client = crius.client().await;
     let id = run(&mut client, pod_config("dup")).await.unwrap();
-    let err = run(&mut client, pod_config("dup")).await.unwrap_err();
+    // The same request again is a retry: it gets the pod it made.
+    let retried = run(&mut client, pod_config("dup")).await.unwrap();
+    assert_eq!(retried, id);
+    // A different request under the same name is refused.
+    let mut other = pod_config("dup");
+    other.labels.insert("other".into(), "request".into());
+    let err = run(&mut client, other).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::AlreadyExists);
     assert!(err.message().contains(&id), "{}", err.message());
     remove(&mut client, &id).await;
@@ -576,11 +582,18 @@ async fn sandboxes_survive_a_crius_restart() {
     let (after, info) = sandbox_status(&mut client, &id).await;
     assert_eq!(after, before);
     let netns = info["netNamespace"].as_str().unwrap().to_string();
-    let err = run(&mut client, pod_config("restart")).await.unwrap_err();
+    let mut other = pod_config("restart");
+    other.labels.insert("other".into(), "request".into());
+    let err = run(&mut client, other).await.unwrap_err();
     assert_eq!(
         err.code(),
         tonic::Code::AlreadyExists,
         "the name is still reserved"
+    );
+    let retried = run(&mut client, pod_config("restart")).await.unwrap();
+    assert_eq!(
+        retried, id,
+        "a retry of the same request finds the pod it made"
     );
     remove(&mut client, &id).await;
     assert_no_trace(&crius, &id, &netns, &network);

@@ -135,6 +135,13 @@ pub fn parse(bytes: &[u8], is_list: bool, source: &Path) -> Result<NetworkConfig
     if name.is_empty() {
         return Err("missing network \"name\"".to_string());
     }
+    if !is_valid_network_name(&name) {
+        // libcni's rule: the name becomes part of cache paths.
+        return Err(format!(
+            "network name {name:?} must be letters, digits, '_', '.' or '-', starting with a \
+             letter or digit"
+        ));
+    }
     let cni_version = string_field(&obj, "cniVersion")?;
     if !cni_version.is_empty() && !SUPPORTED_VERSIONS.contains(&cni_version.as_str()) {
         return Err(format!("unsupported cniVersion {cni_version:?}"));
@@ -157,8 +164,15 @@ pub fn parse(bytes: &[u8], is_list: bool, source: &Path) -> Result<NetworkConfig
         vec![obj.clone()]
     };
     for (i, plugin) in plugins.iter().enumerate() {
-        if string_field(plugin, "type")?.is_empty() {
+        let kind = string_field(plugin, "type")?;
+        if kind.is_empty() {
             return Err(format!("plugin {i} has no \"type\""));
+        }
+        if kind.contains('/') || kind == "." || kind == ".." {
+            // A type names a binary in the plugin dirs, never a path to one elsewhere.
+            return Err(format!(
+                "plugin {i} type {kind:?} must be a plain file name"
+            ));
         }
     }
     Ok(NetworkConfigList {
@@ -181,9 +195,31 @@ fn string_field(obj: &Map<String, Value>, key: &str) -> Result<String, String> {
     }
 }
 
+/// libcni's network name rule: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
+fn is_valid_network_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_like_plugin_types_and_network_names_are_refused() {
+        let parse_list = |text: &str| parse(text.as_bytes(), true, Path::new("x.conflist"));
+        let ok = r#"{"cniVersion":"1.0.0","name":"pod-net.1","plugins":[{"type":"bridge"}]}"#;
+        assert!(parse_list(ok).is_ok());
+        for bad in [
+            r#"{"cniVersion":"1.0.0","name":"../etc","plugins":[{"type":"bridge"}]}"#,
+            r#"{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"../../bin/sh"}]}"#,
+            r#"{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"/bin/sh"}]}"#,
+            r#"{"cniVersion":"1.0.0","name":"-net","plugins":[{"type":"bridge"}]}"#,
+        ] {
+            assert!(parse_list(bad).is_err(), "{bad}");
+        }
+    }
 
     const BRIDGE: &str = r#"{"cniVersion":"1.0.0","name":"crius-net","plugins":[
         {"type":"bridge","bridge":"cni0","ipam":{"type":"host-local"}},

@@ -273,6 +273,7 @@ impl CriService {
                     ),
                     hostname: &super::sandbox::pod_hostname(&sandbox_meta.config),
                     declared_volumes: &declared_volumes,
+                    privileged_without_host_devices: runtime.privileged_without_host_devices,
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
                 let process_spec = serde_json::to_value(spec.process()).map_err(internal)?;

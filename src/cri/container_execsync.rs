@@ -40,8 +40,11 @@ impl CriService {
             )));
         }
         // The timeout counts from the request, not from when the process got going.
-        let deadline = (req.timeout > 0)
-            .then(|| tokio::time::Instant::now() + Duration::from_secs(req.timeout as u64));
+        // A timeout beyond what a clock can hold is no deadline at all.
+        let deadline = u64::try_from(req.timeout)
+            .ok()
+            .filter(|secs| *secs > 0)
+            .and_then(|secs| tokio::time::Instant::now().checked_add(Duration::from_secs(secs)));
         self.run_exec_sync(&container, &req.cmd, deadline).await
     }
 

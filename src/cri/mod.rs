@@ -35,7 +35,7 @@ mod sandbox_run;
 pub(crate) use sandbox_run::sandbox_fingerprint;
 mod sandbox_status;
 mod sandbox_stop;
-mod sandbox_update;
+pub(crate) mod sandbox_update;
 mod stats;
 mod status;
 mod stream;

@@ -56,6 +56,12 @@ impl CriService {
             }
         }
         refuse_user_namespace(&config)?;
+        if let Some(linux) = &config.linux {
+            super::sandbox_update::check_pod_resources(
+                linux.resources.as_ref(),
+                linux.overhead.as_ref(),
+            )?;
+        }
         let handler = req.runtime_handler;
         let runtime = self.config.runtime(&handler).cloned().ok_or_else(|| {
             Status::invalid_argument(format!("no runtime for handler {handler:?} is configured"))

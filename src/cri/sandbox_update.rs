@@ -22,6 +22,7 @@ impl CriService {
         let sandbox = self.find_sandbox(&req.pod_sandbox_id)?.ok_or_else(|| {
             Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
         })?;
+        check_pod_resources(req.resources.as_ref(), req.overhead.as_ref())?;
         let _lifecycle = sandbox.lifecycle.lock().await;
         let updated = sandbox.update_metadata(|metadata| {
             let linux = metadata.config.linux.get_or_insert_with(Default::default);
@@ -72,6 +73,21 @@ fn pod_limits(
         memory_limit: positive(resources.memory_limit_in_bytes)
             .map(|m| m + extra.memory_limit_in_bytes.max(0)),
     }
+}
+
+/// Pod-level resources and overhead hold the same kinds of values as a container's: the same
+/// checks, before anything is stored or written.
+pub(crate) fn check_pod_resources(
+    resources: Option<&crate::api::v1::LinuxContainerResources>,
+    overhead: Option<&crate::api::v1::LinuxContainerResources>,
+) -> Result<(), Status> {
+    for (what, r) in [("resources", resources), ("overhead", overhead)] {
+        if let Some(r) = r {
+            crate::oci::container::check_resources(r)
+                .map_err(|e| Status::invalid_argument(format!("pod {what}: {e}")))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -56,6 +56,9 @@ pub struct ContainerSpecInput<'a> {
     pub hostname: &'a str,
     /// The volumes the image declares that no CRI mount replaces.
     pub declared_volumes: &'a [DeclaredVolume],
+    /// The handler's `privileged_without_host_devices`: a privileged container then gets
+    /// only the devices its config names.
+    pub privileged_without_host_devices: bool,
 }
 
 /// A volume the image declares (`VOLUME`), with the host directory made for it.
@@ -172,6 +175,85 @@ fn rootfs_propagation(config: &ContainerConfig) -> Option<&'static str> {
     }
 }
 
+/// Refuses resource values the kernel would not take, before anything reaches containerd or
+/// the OCI runtime (whose error would otherwise come back as INTERNAL).
+pub fn check_resources(r: &LinuxContainerResources) -> Result<(), SpecError> {
+    let invalid = |what: String| Err(SpecError::Invalid(what));
+    if !(-1000..=1000).contains(&r.oom_score_adj) {
+        return invalid(format!(
+            "oom_score_adj {} is outside -1000..=1000",
+            r.oom_score_adj
+        ));
+    }
+    if r.cpu_period != 0 && !(1_000..=1_000_000).contains(&r.cpu_period) {
+        return invalid(format!(
+            "cpu_period {} is outside 1000..=1000000 microseconds",
+            r.cpu_period
+        ));
+    }
+    if r.cpu_quota != 0 && r.cpu_quota != -1 && r.cpu_quota < 1_000 {
+        return invalid(format!(
+            "cpu_quota {} is below 1000 microseconds (-1 means none)",
+            r.cpu_quota
+        ));
+    }
+    if !(0..=262_144).contains(&r.cpu_shares) {
+        return invalid(format!("cpu_shares {} is outside 0..=262144", r.cpu_shares));
+    }
+    if r.memory_limit_in_bytes < 0 || r.memory_swap_limit_in_bytes < -1 {
+        return invalid("memory limits must not be negative (swap: -1 for unlimited)".into());
+    }
+    for (field, list) in [
+        ("cpuset_cpus", &r.cpuset_cpus),
+        ("cpuset_mems", &r.cpuset_mems),
+    ] {
+        check_cpu_list(list).map_err(|e| SpecError::Invalid(format!("{field} {list:?}: {e}")))?;
+    }
+    for limit in &r.hugepage_limits {
+        let digits = limit.page_size.trim_end_matches(['K', 'M', 'G', 'B']);
+        let unit = &limit.page_size[digits.len()..];
+        if digits.is_empty()
+            || !digits.bytes().all(|b| b.is_ascii_digit())
+            || !matches!(unit, "KB" | "MB" | "GB")
+        {
+            return invalid(format!(
+                "hugepage page size {:?} is not like 2MB or 1GB",
+                limit.page_size
+            ));
+        }
+    }
+    for key in r.unified.keys() {
+        // Keys name files in the container's cgroup directory: never a path.
+        if key.is_empty() || key.contains('/') || key.starts_with('.') || !key.is_ascii() {
+            return invalid(format!(
+                "unified cgroup key {key:?} is not a cgroup file name"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A kernel CPU or memory-node list: `0-3,8,10-11`.
+fn check_cpu_list(list: &str) -> Result<(), String> {
+    const MAX_ID: u32 = 65_535;
+    if list.is_empty() {
+        return Ok(());
+    }
+    for item in list.split(',') {
+        let (first, last) = item.split_once('-').unwrap_or((item, item));
+        let parse = |n: &str| {
+            n.parse::<u32>()
+                .ok()
+                .filter(|n| *n <= MAX_ID)
+                .ok_or_else(|| format!("{item:?} is not a number or range up to {MAX_ID}"))
+        };
+        if parse(first)? > parse(last)? {
+            return Err(format!("range {item:?} runs backwards"));
+        }
+    }
+    Ok(())
+}
+
 /// The cgroup limits of a container: the CRI resources (zero means unset), devices denied
 /// by default.
 pub fn linux_resources(
@@ -181,6 +263,7 @@ pub fn linux_resources(
     let Some(r) = resources else {
         return Ok(builder.build()?);
     };
+    check_resources(r)?;
     let mut cpu = LinuxCpuBuilder::default();
     let mut any_cpu = false;
     if r.cpu_period > 0 {
@@ -259,7 +342,11 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
 
     let (process, permitted) = container_process(input, &security)?;
     let mut resources = linux_resources(linux.resources.as_ref())?;
-    let devices = container_devices(config, privileged, &mut resources)?;
+    let devices = container_devices(
+        config,
+        privileged && !input.privileged_without_host_devices,
+        &mut resources,
+    )?;
     let (masked, readonly) = builder::masked_and_readonly_paths(
         privileged,
         &security.masked_paths,
@@ -497,16 +584,16 @@ fn container_mounts(
     Ok(mounts)
 }
 
-/// The devices the container gets (the host's when privileged, then the CRI's) and their
+/// The devices the container gets (the host's when it gets them, then the CRI's) and their
 /// cgroup rules, which go into `resources`.
 fn container_devices(
     config: &ContainerConfig,
-    privileged: bool,
+    host_devices: bool,
     resources: &mut LinuxResources,
 ) -> Result<Vec<LinuxDevice>, SpecError> {
     let mut devices = Vec::new();
     let mut rules = resources.devices().clone().unwrap_or_default();
-    if privileged {
+    if host_devices {
         devices.extend(sec::host_devices());
         rules = vec![builder::allow_all_devices()?];
     }
@@ -541,6 +628,71 @@ fn container_annotations(input: &ContainerSpecInput<'_>) -> HashMap<String, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_values_the_kernel_refuses_are_invalid() {
+        let ok = LinuxContainerResources {
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            cpu_shares: 512,
+            cpuset_cpus: "0-3,8".into(),
+            cpuset_mems: "0".into(),
+            oom_score_adj: -999,
+            ..Default::default()
+        };
+        assert!(check_resources(&ok).is_ok());
+        let bad = [
+            LinuxContainerResources {
+                cpuset_cpus: "1,,2".into(),
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                cpuset_cpus: "3-1".into(),
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                cpuset_mems: "x".into(),
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                oom_score_adj: 5000,
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                cpu_period: 5,
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                cpu_quota: 10,
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                cpu_shares: -1,
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                memory_limit_in_bytes: -5,
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                unified: HashMap::from([("../../cpu.max".to_string(), "1".to_string())]),
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                hugepage_limits: vec![crate::api::v1::HugepageLimit {
+                    page_size: "2XB".into(),
+                    limit: 1,
+                }],
+                ..ok.clone()
+            },
+        ];
+        for r in bad {
+            assert!(
+                matches!(check_resources(&r), Err(SpecError::Invalid(_))),
+                "{r:?}"
+            );
+        }
+    }
     use crate::api::v1::{ContainerMetadata, KeyValue, Mount as CriMount};
 
     fn image(entrypoint: &[&str], cmd: &[&str]) -> RunConfig {
@@ -645,6 +797,7 @@ mod tests {
             oom_score_adj: None,
             passthrough_annotations: HashMap::new(),
             hostname: "pod-host",
+            privileged_without_host_devices: false,
             declared_volumes: &[DeclaredVolume {
                 container_path: "/var/lib/db".into(),
                 host_path: dir.path().to_path_buf(),
