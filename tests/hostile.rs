@@ -454,3 +454,205 @@ async fn start_up_leaves_containers_it_did_not_make_alone() {
     assert!(containers.is_empty(), "{containers:?}");
     crius.ctr(&["containers", "rm", "foreign-sandbox", "foreign-container"]);
 }
+
+/// A registry that attacks whoever pulls from it: endless chunked manifests and blobs, and
+/// a mirror that asks for credentials and writes down any it gets.
+struct EvilRegistry {
+    addr: String,
+    authorizations: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+const LAYER_DIGEST: &str =
+    "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+const CONFIG_DIGEST_ENDLESS: &str =
+    "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{:x}", sha2::Sha256::digest(data))
+}
+
+fn config_json() -> String {
+    format!(
+        r#"{{"architecture":"amd64","os":"linux","config":{{}},"rootfs":{{"type":"layers","diff_ids":["{LAYER_DIGEST}"]}}}}"#
+    )
+}
+
+fn manifest(config_digest: &str, config_size: usize, layer_size: usize) -> String {
+    format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json",
+        "config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":{config_size}}},
+        "layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{LAYER_DIGEST}","size":{layer_size}}}]}}"#
+    )
+}
+
+impl EvilRegistry {
+    async fn start() -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let authorizations = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = authorizations.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
+                        if conn.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                    for line in head.lines() {
+                        if line.to_ascii_lowercase().starts_with("authorization:") {
+                            seen.lock().unwrap().push(line.to_string());
+                        }
+                    }
+                    let config = config_json();
+                    let fixed = |content_type: &str, body: &str| {
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                    };
+                    let manifest_type = "application/vnd.oci.image.manifest.v1+json";
+                    let endless = path.ends_with("/manifests/endless")
+                        || path.contains(CONFIG_DIGEST_ENDLESS)
+                        || path.contains(LAYER_DIGEST);
+                    if path.starts_with("/v2/mirrored/") {
+                        let reply = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"evil\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+                        let _ = conn.write_all(reply.as_bytes()).await;
+                    } else if endless {
+                        let start = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: {manifest_type}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                        );
+                        if conn.write_all(start.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let chunk = vec![b'{'; 64 * 1024];
+                        let frame = [
+                            format!("{:x}\r\n", chunk.len()).into_bytes(),
+                            chunk,
+                            b"\r\n".to_vec(),
+                        ]
+                        .concat();
+                        // Until the client hangs up.
+                        while conn.write_all(&frame).await.is_ok() {}
+                    } else if path.ends_with("/manifests/endless-config") {
+                        let body = manifest(CONFIG_DIGEST_ENDLESS, 100, 10);
+                        let _ = conn.write_all(fixed(manifest_type, &body).as_bytes()).await;
+                    } else if path.ends_with("/manifests/endless-layer") {
+                        let body = manifest(&sha256_hex(config.as_bytes()), config.len(), 1024);
+                        let _ = conn.write_all(fixed(manifest_type, &body).as_bytes()).await;
+                    } else if path.contains(&sha256_hex(config.as_bytes())) {
+                        let _ = conn
+                            .write_all(fixed("application/octet-stream", &config).as_bytes())
+                            .await;
+                    } else {
+                        let _ = conn
+                            .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                            .await;
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            authorizations,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_registry_that_never_stops_sending_is_cut_off_and_gets_no_foreign_credentials() {
+    let evil = EvilRegistry::start().await;
+    let hosts = tempfile::tempdir().unwrap();
+    // `mirrored.test` is served by the evil registry as its mirror.
+    let dir = hosts.path().join("mirrored.test");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("hosts.toml"),
+        format!(
+            "server = \"http://mirrored.test\"\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            evil.addr
+        ),
+    )
+    .unwrap();
+    let config_path = hosts.path().display().to_string();
+    let crius = Crius::start_with(|c| c.registry.config_path = config_path, &[]).await;
+    let mut client = crius.client().await;
+    let pull = |image: String, auth: Option<crius::api::v1::AuthConfig>| {
+        let mut client = client.clone();
+        async move {
+            let started = Instant::now();
+            let mut request = tonic::Request::new(PullImageRequest {
+                image: Some(ImageSpec {
+                    image,
+                    ..Default::default()
+                }),
+                auth,
+                ..Default::default()
+            });
+            request.set_timeout(Duration::from_secs(60));
+            let outcome = client.image.pull_image(request).await;
+            (started.elapsed(), outcome)
+        }
+    };
+    for (tag, why) in [
+        ("endless", "manifest larger than"),
+        (
+            "endless-config",
+            "longer than the 100 bytes its descriptor says",
+        ),
+        ("endless-layer", "longer than its descriptor"),
+    ] {
+        let (took, outcome) = pull(format!("{}/evil:{tag}", evil.addr), None).await;
+        let err = outcome.expect_err(tag);
+        assert!(err.message().contains(why), "{tag}: {err:?}");
+        assert!(
+            took < Duration::from_secs(20),
+            "{tag} took {took:?}: {err:?}"
+        );
+        assert!(
+            !matches!(err.code(), Code::DeadlineExceeded),
+            "{tag} was not cut off: {err:?}"
+        );
+        assert!(
+            rss_kib(&crius) < 256 * 1024,
+            "{tag}: {} KiB",
+            rss_kib(&crius)
+        );
+    }
+    let leases = crius.ctr(&["leases", "ls", "-q"]);
+    assert!(
+        !leases.contains("crius-"),
+        "a failed pull left its lease: {leases}"
+    );
+
+    // Credentials for mirrored.test are not the mirror's to see.
+    let auth = crius::api::v1::AuthConfig {
+        username: "alice".into(),
+        password: "secret".into(),
+        ..Default::default()
+    };
+    let (_, outcome) = pull("mirrored.test/mirrored/app:v1".into(), Some(auth)).await;
+    assert!(outcome.is_err());
+    assert!(
+        evil.authorizations.lock().unwrap().is_empty(),
+        "the mirror got credentials: {:?}",
+        evil.authorizations.lock().unwrap()
+    );
+
+    // crius still answers at once.
+    let started = Instant::now();
+    client
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("version");
+    assert!(started.elapsed() < Duration::from_secs(1));
+}

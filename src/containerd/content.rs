@@ -667,6 +667,7 @@ impl ContentWriter {
         let mut offset: i64 = 0;
         let mut buffer: Vec<u8> = Vec::with_capacity(WRITE_CHUNK);
         let mut source_error = None;
+        let mut overrun = false;
         loop {
             let chunk = match data.next().await {
                 Some(Ok(chunk)) => Some(chunk),
@@ -678,6 +679,12 @@ impl ContentWriter {
             };
             let last = chunk.is_none();
             if let Some(chunk) = chunk {
+                // A source that sends more than it promised is cut off at once, not when
+                // it stops (it might never).
+                if offset + (buffer.len() + chunk.len()) as i64 > size {
+                    overrun = true;
+                    break;
+                }
                 hasher.update(&chunk);
                 progress(chunk.len());
                 buffer.extend_from_slice(&chunk);
@@ -705,6 +712,13 @@ impl ContentWriter {
         let actual = format!("sha256:{:x}", hasher.finalize());
         let outcome = if let Some(e) = source_error {
             Err(WriteError::Source(e))
+        } else if overrun {
+            Err(WriteError::Mismatch {
+                expected: digest.clone(),
+                actual: "(cut off: longer than its descriptor)".to_string(),
+                size: offset + buffer.len() as i64,
+                expected_size: size,
+            })
         } else if actual != digest || offset != size {
             Err(WriteError::Mismatch {
                 expected: digest.clone(),

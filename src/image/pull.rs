@@ -39,6 +39,8 @@ use crate::store::Image;
 pub const MANAGED_LABEL: &str = "io.cri-containerd.image";
 /// A pull's lease expires by itself after this, should crius die mid-pull.
 const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
+/// The largest image config crius reads (it is held in memory).
+const MAX_CONFIG_SIZE: i64 = 8 * 1024 * 1024;
 /// How often a running pull logs its progress.
 const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -655,12 +657,28 @@ async fn fetch_small_blob(
     endpoint: usize,
     desc: &Descriptor,
 ) -> Result<Bytes, PullError> {
-    let chunks: Vec<Bytes> = session
-        .fetch_blob(endpoint, &desc.digest)
-        .await?
-        .try_collect()
-        .await?;
-    let data = Bytes::from(chunks.concat());
+    if !(0..=MAX_CONFIG_SIZE).contains(&desc.size) {
+        return Err(RegistryError::Invalid(format!(
+            "config {} claims {} bytes; crius reads at most {MAX_CONFIG_SIZE}",
+            desc.digest, desc.size
+        ))
+        .into());
+    }
+    // No more than the descriptor promised: a registry that keeps sending is cut off.
+    let limit = desc.size as usize;
+    let mut stream = std::pin::pin!(session.fetch_blob(endpoint, &desc.digest).await?);
+    let mut data = bytes::BytesMut::with_capacity(limit);
+    while let Some(chunk) = stream.try_next().await? {
+        if data.len() + chunk.len() > limit {
+            return Err(RegistryError::Invalid(format!(
+                "config {} is longer than the {limit} bytes its descriptor says",
+                desc.digest
+            ))
+            .into());
+        }
+        data.extend_from_slice(&chunk);
+    }
+    let data = data.freeze();
     let actual = sha256_digest(&data);
     if actual != desc.digest {
         return Err(RegistryError::DigestMismatch {

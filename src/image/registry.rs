@@ -19,6 +19,44 @@ use super::reference::Reference;
 
 /// Manifests larger than this are refused (they are JSON documents of a few KiB).
 const MAX_MANIFEST_SIZE: usize = 8 * 1024 * 1024;
+/// The largest token endpoint answer crius reads.
+const MAX_TOKEN_BODY: usize = 1024 * 1024;
+/// How much of an error body crius reads for the message it shows.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Reads a body of at most `limit` bytes, whatever Content-Length says (or does not: a
+/// chunked body is counted as it comes). `Ok(None)` when it is longer.
+async fn read_limited(
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<Option<Bytes>, reqwest::Error> {
+    if resp.content_length().is_some_and(|len| len > limit as u64) {
+        return Ok(None);
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if body.len() + chunk.len() > limit {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body.freeze()))
+}
+
+/// The first `limit` bytes of a body; the rest is not read.
+async fn read_prefix(mut resp: reqwest::Response, limit: usize) -> Bytes {
+    let mut body = bytes::BytesMut::new();
+    while body.len() < limit {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    body.freeze()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -284,16 +322,17 @@ impl Session {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(';').next().unwrap_or(v).trim().to_string())
             .unwrap_or_default();
-        if resp
-            .content_length()
-            .is_some_and(|len| len as usize > MAX_MANIFEST_SIZE)
-        {
-            return Err(RegistryError::Invalid(format!("{url}: manifest too large")));
-        }
-        let data = resp.bytes().await.map_err(|e| RegistryError::Unreachable {
-            host: self.endpoints[i].0.host().to_string(),
-            reason: error_chain(&e),
-        })?;
+        let data = read_limited(resp, MAX_MANIFEST_SIZE)
+            .await
+            .map_err(|e| RegistryError::Unreachable {
+                host: self.endpoints[i].0.host().to_string(),
+                reason: error_chain(&e),
+            })?
+            .ok_or_else(|| {
+                RegistryError::Invalid(format!(
+                    "{url}: manifest larger than {MAX_MANIFEST_SIZE} bytes"
+                ))
+            })?;
         let media_type = if media_type.is_empty() || media_type == "application/json" {
             media_type_from_body(&data)
         } else {
@@ -368,10 +407,16 @@ impl Session {
             .cloned()
     }
 
+    /// The credentials for an endpoint: its host's from the config, else the request's, but
+    /// those only for the image's own registry, never for a mirror of it on another host.
     fn credentials_for(&self, ep: &RegistryEndpoint) -> Option<&Credentials> {
         self.credentials
             .get(ep.host())
-            .or(self.fallback.as_ref())
+            .or_else(|| {
+                self.fallback
+                    .as_ref()
+                    .filter(|_| is_registry_host(ep.host(), &self.reference.domain))
+            })
             .filter(|c| !c.is_empty())
     }
 
@@ -452,7 +497,10 @@ async fn fetch_token(
     if !resp.status().is_success() {
         return Err(format!("HTTP {}", resp.status().as_u16()));
     }
-    let bytes = resp.bytes().await.map_err(|e| error_chain(&e))?;
+    let bytes = read_limited(resp, MAX_TOKEN_BODY)
+        .await
+        .map_err(|e| error_chain(&e))?
+        .ok_or_else(|| format!("the token response is larger than {MAX_TOKEN_BODY} bytes"))?;
     let body: TokenResponse =
         serde_json::from_slice(&bytes).map_err(|e| format!("malformed token response: {e}"))?;
     let token = if body.access_token.is_empty() {
@@ -466,6 +514,12 @@ async fn fetch_token(
     Ok(token)
 }
 
+/// Whether an endpoint's host is the registry an image names (Docker Hub answers as
+/// `registry-1.docker.io`).
+fn is_registry_host(host: &str, domain: &str) -> bool {
+    host == domain || (domain == "docker.io" && host == "registry-1.docker.io")
+}
+
 fn collapse(mut errors: Vec<RegistryError>, what: &str) -> RegistryError {
     match errors.len() {
         0 => RegistryError::Invalid(format!("no registry host is configured to {what}")),
@@ -476,7 +530,7 @@ fn collapse(mut errors: Vec<RegistryError>, what: &str) -> RegistryError {
 
 /// The registry's error message (its JSON `errors[].message`), shortened.
 async fn error_detail(resp: reqwest::Response) -> String {
-    let text = resp.text().await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&read_prefix(resp, MAX_ERROR_BODY).await).into_owned();
     #[derive(serde::Deserialize)]
     struct Errors {
         errors: Vec<ErrorItem>,
