@@ -1,7 +1,7 @@
 # crius: `make run` serves the CRI in the foreground; `make test` runs every check and test
 # on a fresh machine (it installs packages, starts containerd and a registry, stops them).
 
-.PHONY: all build release run test bench testbed-up testbed-down clean
+.PHONY: all build release run test bench fuzz testbed-up testbed-down clean
 
 all: build
 
@@ -16,6 +16,10 @@ run: release
 
 test:
 	scripts/testbed.sh test
+
+# The parsers' property tests with many more cases than `make test` runs (256 each).
+fuzz:
+	CRIUS_FUZZ_CASES=$${CRIUS_FUZZ_CASES:-20000} cargo test --lib fuzz
 
 # Benchmarks against the test bed (not run by `make test`).
 bench:

@@ -799,3 +799,36 @@ format = "text"
         assert!(config.runtime("nosuch").is_none());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn any_config_text_loads_or_fails_cleanly(text in "\\PC{0,300}") {
+            if let Ok(config) = toml::from_str::<Config>(&text) {
+                let _ = config.validate();
+            }
+        }
+
+        #[test]
+        fn any_value_of_a_known_key_loads_or_fails_cleanly(
+            key in prop::sample::select(vec![
+                "root", "state", "restrict_oom_score_adj", "stats_collect_period",
+                "max_container_log_line_size", "ignore_image_defined_volumes",
+            ]),
+            value in "\\PC{0,30}",
+        ) {
+            for text in [format!("{key} = {value:?}\n"), format!("{key} = {value}\n")] {
+                if let Ok(config) = toml::from_str::<Config>(&text) {
+                    let _ = config.validate();
+                    let _ = config.log_line_limit();
+                }
+            }
+        }
+    }
+}

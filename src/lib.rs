@@ -26,3 +26,18 @@ pub mod stats;
 pub mod store;
 pub mod streaming;
 pub mod undo;
+
+/// How many cases each property test of a parser tries: a bounded run in `make test`,
+/// `CRIUS_FUZZ_CASES` more with `make fuzz`.
+#[cfg(test)]
+pub(crate) fn fuzz_config() -> proptest::test_runner::Config {
+    let cases = std::env::var("CRIUS_FUZZ_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(256);
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..Default::default()
+    }
+}

@@ -305,3 +305,33 @@ mod tests {
         assert!(matches!(err, LoadError::NoConfig { .. }));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn network_configs_of_any_bytes_parse_or_fail_cleanly(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            let _ = parse(&data, true, Path::new("x.conflist"));
+            let _ = parse(&data, false, Path::new("x.conf"));
+        }
+
+        #[test]
+        fn conflists_with_any_names_and_types_parse_or_fail_cleanly(name in "\\PC{0,20}", kind in "\\PC{0,20}") {
+            let text = serde_json::json!({
+                "cniVersion": "1.0.0",
+                "name": name,
+                "plugins": [{"type": kind}],
+            })
+            .to_string();
+            if let Ok(list) = parse(text.as_bytes(), true, Path::new("x.conflist")) {
+                prop_assert!(!list.plugins.is_empty());
+                prop_assert!(!kind.contains('/'));
+            }
+        }
+    }
+}

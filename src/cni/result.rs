@@ -98,3 +98,34 @@ mod tests {
         assert_eq!(result.pod_ips("eth0"), vec!["10.1.2.3"]);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn results_of_any_json_parse_or_fail_cleanly(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&data) {
+                let _ = CniResult::parse(&value);
+            }
+        }
+
+        #[test]
+        fn results_with_any_ips_and_interfaces_parse_or_fail_cleanly(
+            version in "(0\\.[1-4]\\.[0-9]|1\\.[0-1]\\.0|[0-9.]{0,6})",
+            address in "\\PC{0,24}",
+            interface in proptest::option::of(-3i64..5),
+        ) {
+            let value = serde_json::json!({
+                "cniVersion": version,
+                "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
+                "ips": [{"address": address, "interface": interface}],
+            });
+            let _ = CniResult::parse(&value);
+        }
+    }
+}

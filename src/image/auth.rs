@@ -215,3 +215,24 @@ mod tests {
         assert!(!format!("{creds:?}").contains("s3:cret"));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn any_challenge_header_parses_or_is_none(header in "\\PC{0,200}") {
+            let _ = parse_challenge(&header);
+        }
+
+        #[test]
+        fn bearer_challenges_with_any_quoted_values_parse(realm in "[ -!#-~]{0,40}", service in "[ -!#-~]{0,40}") {
+            let header = format!("Bearer realm=\"{realm}\",service=\"{service}\"");
+            let _ = parse_challenge(&header);
+        }
+    }
+}

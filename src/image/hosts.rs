@@ -379,3 +379,28 @@ mod tests {
         assert!(!is_local("10.0.0.1:5000"));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn any_hosts_toml_parses_or_fails_cleanly(text in "\\PC{0,400}") {
+            let _ = parse_hosts(&text, Path::new("/nonexistent"), "registry.example");
+        }
+
+        #[test]
+        fn host_tables_with_any_settings_parse_or_fail_cleanly(
+            url in "[a-z]{1,5}://[a-z0-9.:]{1,20}",
+            key in "[a-z_]{1,12}",
+            value in "\\PC{0,20}",
+        ) {
+            let text = format!("[host.\"{url}\"]\n{key} = {value:?}\n");
+            let _ = parse_hosts(&text, Path::new("/nonexistent"), "registry.example");
+        }
+    }
+}

@@ -226,3 +226,25 @@ mod tests {
         assert_eq!(config.rootfs.diff_ids, vec!["sha256:x"]);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn documents_of_any_bytes_parse_or_fail_cleanly(data in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = serde_json::from_slice::<Index>(&data);
+            let _ = serde_json::from_slice::<Manifest>(&data);
+            let _ = serde_json::from_slice::<ImageConfigFile>(&data);
+        }
+
+        #[test]
+        fn chain_ids_of_any_diff_ids(ids in proptest::collection::vec("\\PC{0,70}", 0..20)) {
+            prop_assert_eq!(chain_ids(&ids).len(), ids.len());
+        }
+    }
+}

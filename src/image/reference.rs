@@ -328,3 +328,26 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn any_text_parses_or_fails_cleanly(text in "\\PC{0,80}") {
+            let _ = Reference::parse(&text);
+        }
+
+        #[test]
+        fn a_parsed_reference_prints_as_itself(text in "[a-z0-9.:/@_-]{1,60}") {
+            if let Ok(reference) = Reference::parse(&text) {
+                let again = Reference::parse(&reference.to_string()).unwrap();
+                prop_assert_eq!(again, reference);
+            }
+        }
+    }
+}

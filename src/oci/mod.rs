@@ -552,3 +552,34 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The obvious recursive matcher, for short inputs only.
+    fn reference_match(pattern: &[char], text: &[char]) -> bool {
+        match pattern.split_first() {
+            None => text.is_empty(),
+            Some(('*', rest)) => (0..=text.len()).any(|i| reference_match(rest, &text[i..])),
+            Some((c, rest)) => text.first() == Some(c) && reference_match(rest, &text[1..]),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn the_glob_agrees_with_the_obvious_matcher(pattern in "[ab*é]{0,8}", text in "[abé]{0,10}") {
+            let p: Vec<char> = pattern.chars().collect();
+            let t: Vec<char> = text.chars().collect();
+            prop_assert_eq!(glob_match(&pattern, &text), reference_match(&p, &t));
+        }
+
+        #[test]
+        fn any_pattern_and_text_match_without_panicking(pattern in "\\PC{0,40}", text in "\\PC{0,80}") {
+            let _ = glob_match(&pattern, &text);
+        }
+    }
+}

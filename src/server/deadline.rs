@@ -115,3 +115,24 @@ mod tests {
         assert_eq!(current(), None);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn any_grpc_timeout_parses_or_is_none(value in "\\PC{0,12}") {
+            let _ = parse_grpc_timeout(&value);
+        }
+
+        #[test]
+        fn every_ttrpc_timeout_becomes_a_header_that_parses(nanos in 1i64..i64::MAX) {
+            let header = grpc_timeout_header(nanos).unwrap();
+            prop_assert!(parse_grpc_timeout(&header).is_some(), "{}", header);
+        }
+    }
+}

@@ -256,10 +256,18 @@ async fn collect_streams(
     Ok(streams)
 }
 
+/// The most of one unfinished resize object crius holds: `{"Width":65535,"Height":65535}`
+/// is 32 bytes; a client that sends more without finishing one is cut off.
+const MAX_PENDING_RESIZE: usize = 4096;
+
 /// Turns the resize stream's JSON objects into terminal sizes.
 async fn decode_resizes(mut input: mpsc::Receiver<Bytes>, sizes: mpsc::Sender<TerminalSize>) {
     let mut pending = Vec::new();
     while let Some(chunk) = input.recv().await {
+        if pending.len() + chunk.len() > MAX_PENDING_RESIZE {
+            tracing::debug!("the resize stream sent more than a resize without finishing one");
+            return;
+        }
         pending.extend_from_slice(&chunk);
         let mut parsed = 0;
         let mut objects =
@@ -339,5 +347,51 @@ mod tests {
                 .is_some()
         );
         assert_eq!(ChannelProtocol::from_name("v9.channel.k8s.io"), None);
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn the_resize_stream_takes_any_bytes(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..600), 0..12)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            runtime.block_on(async {
+                let (tx, rx) = mpsc::channel(16);
+                let (size_tx, mut size_rx) = mpsc::channel(64);
+                let decoder = tokio::spawn(decode_resizes(rx, size_tx));
+                for chunk in chunks {
+                    if tx.send(Bytes::from(chunk)).await.is_err() {
+                        break;
+                    }
+                    while size_rx.try_recv().is_ok() {}
+                }
+                drop(tx);
+                while size_rx.recv().await.is_some() {}
+                decoder.await.unwrap();
+            });
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resize_that_never_ends_is_cut_off() {
+        let (tx, rx) = mpsc::channel(16);
+        let (size_tx, _size_rx) = mpsc::channel(4);
+        let decoder = tokio::spawn(decode_resizes(rx, size_tx));
+        tx.send(Bytes::from_static(b"{\"Width\": ")).await.unwrap();
+        let mut sent = 0;
+        while tx.send(Bytes::from(vec![b' '; 1024])).await.is_ok() && sent < 100 {
+            sent += 1;
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(5), decoder)
+            .await
+            .expect("the decoder gives up")
+            .unwrap();
+        assert!(sent < 100, "it kept reading");
     }
 }

@@ -667,3 +667,39 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn frames_of_any_bytes_decode_or_fail_cleanly(data in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let mut codec = SpdyCodec::new();
+            let mut buf = BytesMut::from(&data[..]);
+            // Every frame out of the bytes, until they run out or one is refused.
+            for _ in 0..64 {
+                match codec.decode(&mut buf) {
+                    Ok(Some(_)) => continue,
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+
+        #[test]
+        fn header_blocks_of_any_bytes_decode_or_fail_cleanly(data in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = decode_header_block(&data);
+        }
+
+        #[test]
+        fn header_blocks_round_trip(headers in proptest::collection::btree_map("[a-z-]{1,16}", "[ -~]{0,32}", 0..8)) {
+            let headers: Headers = headers.into_iter().collect();
+            let block = encode_header_block(&headers).unwrap();
+            let decoded = decode_header_block(&block).unwrap();
+            prop_assert_eq!(decoded, headers);
+        }
+    }
+}
