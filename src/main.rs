@@ -92,6 +92,7 @@ fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
         log_level.as_deref().unwrap_or(&config.log.level),
         config.log.format,
     );
+    crius::server::raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("crius")

@@ -656,3 +656,87 @@ async fn a_registry_that_never_stops_sending_is_cut_off_and_gets_no_foreign_cred
         .expect("version");
     assert!(started.elapsed() < Duration::from_secs(1));
 }
+
+fn open_fds(crius: &Crius) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", crius.pid()))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_flood_of_idle_stream_connections_cannot_starve_crius() {
+    // crius starts with this test's own limits, then raises its soft one itself.
+    let crius = Crius::start().await;
+    // This test holds well over a thousand sockets itself.
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", crius.pid())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        open_files[0], open_files[1],
+        "crius raised its soft limit: {open_files:?}"
+    );
+
+    let mut pod = pod(&crius, "stream-flood").await;
+    let id = pod
+        .run(container("sleeper", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let url = pod
+        .client
+        .runtime
+        .exec(crius::api::v1::ExecRequest {
+            container_id: id.clone(),
+            cmd: vec!["true".into()],
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Exec")
+        .into_inner()
+        .url;
+    let addr = url
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_string();
+    let before = open_fds(&crius);
+    let mut idle = Vec::new();
+    for _ in 0..1200 {
+        match tokio::net::TcpStream::connect(&addr).await {
+            Ok(conn) => idle.push(conn),
+            Err(_) => break,
+        }
+    }
+    assert!(idle.len() > 1024, "opened {}", idle.len());
+    // Give the accept loop time to see them all.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = open_fds(&crius);
+    assert!(
+        during < before + 1100,
+        "crius holds {during} descriptors (from {before})"
+    );
+    // The CRI socket still answers at once, and so do FIFOs for a new container.
+    let started = Instant::now();
+    pod.client
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("version during the flood");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let another = pod
+        .run(container("another", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (out, _, _) = pod.exec(&another, &["echo", "ok"], 10).await.expect("exec");
+    assert_eq!(out, "ok\n");
+    drop(idle);
+    pod.remove_pod().await;
+}

@@ -26,6 +26,20 @@ pub use service::{CriService, ServiceError, ServiceState};
 /// How long shutdown waits for in-flight RPCs and tasks before abandoning them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
+/// Raises crius's open-file limit to the hard limit: every container holds FIFOs, every
+/// stream a socket, and the default soft limit (1024) is what a flood would exhaust first.
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open-file limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit"),
+    }
+}
+
 /// A critical task's name and how it ended.
 type TaskEnd = (&'static str, Result<(), String>);
 

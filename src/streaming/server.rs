@@ -34,6 +34,9 @@ const ACCEPTED_PROTOCOLS_HEADER: &str = "x-accepted-stream-protocol-versions";
 const SPDY_UPGRADE: &str = "SPDY/3.1";
 /// A client gets this long for its TLS handshake and its request headers.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections and sessions the stream server holds at once; more are closed on accept, so
+/// a flood of idle connections cannot take every descriptor crius has.
+pub const MAX_CONNECTIONS: usize = 1024;
 /// How long stopping waits for open sessions.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -142,6 +145,11 @@ impl StreamServer {
                 _ = shutdown.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((tcp, peer)) => {
+                        if connections.len() + self.state.sessions.len() >= MAX_CONNECTIONS {
+                            tracing::debug!(%peer, "stream server full: connection closed");
+                            drop(tcp);
+                            continue;
+                        }
                         let _ = tcp.set_nodelay(true);
                         connections.spawn(serve_connection(tcp, peer, self.tls.clone(), router.clone()));
                     }

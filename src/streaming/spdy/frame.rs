@@ -25,6 +25,9 @@ pub const RST_INTERNAL_ERROR: u32 = 6;
 
 /// Frames are at most this large (the length field has 24 bits).
 const MAX_LENGTH: usize = (1 << 24) - 1;
+/// The longest frame crius accepts: kubectl's data frames are 32 KiB, header blocks are
+/// bounded below that; a peer announcing more is refused before anything is buffered.
+const MAX_INCOMING_FRAME: usize = 1 << 20;
 /// A decompressed header block may not grow beyond this.
 const MAX_HEADER_BLOCK: usize = 1 << 20;
 const HEADER_SIZE: usize = 8;
@@ -264,6 +267,11 @@ impl Decoder for SpdyCodec {
             return Ok(None);
         }
         let length = (u32::from_be_bytes([0, src[5], src[6], src[7]])) as usize;
+        if length > MAX_INCOMING_FRAME {
+            return Err(protocol(format!(
+                "a frame of {length} bytes is more than the {MAX_INCOMING_FRAME} accepted"
+            )));
+        }
         if src.len() < HEADER_SIZE + length {
             src.reserve(HEADER_SIZE + length - src.len());
             return Ok(None);
@@ -475,6 +483,15 @@ impl Encoder<Frame> for SpdyCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_announcing_more_than_a_mebibyte_is_refused_before_buffering() {
+        let mut codec = SpdyCodec::new();
+        // A data frame header announcing 16 MiB - 1.
+        let mut buf = BytesMut::from(&[0u8, 0, 0, 1, 0, 0xff, 0xff, 0xff][..]);
+        assert!(codec.decode(&mut buf).is_err());
+        assert!(buf.capacity() < 1 << 20, "nothing was reserved for it");
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> Headers {
         pairs
