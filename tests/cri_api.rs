@@ -924,7 +924,15 @@ async fn a_client_that_gives_up_never_cuts_a_create_in_half() {
         .create_container(request)
         .await
         .expect_err("the client's deadline passes first");
-    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    // crius answers DEADLINE_EXCEEDED a little early; on a loaded machine the client's own
+    // timer (CANCELLED) can still win. Either way the client gave up.
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{err:?}"
+    );
 
     // The create goes on to the end: the container is whole, CREATED, with its name, and
     // it starts and is removed like any other.

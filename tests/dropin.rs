@@ -13,26 +13,12 @@ use common::{Crius, eventually, pod_config};
 use crius::api::v1::{
     ImageSpec, ImageStatusRequest, KeyValue, LinuxContainerConfig, LinuxContainerSecurityContext,
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListImagesRequest, Mount, NamespaceMode,
-    NamespaceOption, PullImageRequest, SupplementalGroupsPolicy,
+    NamespaceOption, SupplementalGroupsPolicy,
 };
 
 async fn sh(pod: &mut Pod, id: &str, script: &str) -> (String, i32) {
     let (out, err, code) = pod.exec(id, &["sh", "-c", script], 10).await.expect("exec");
     (format!("{out}{err}"), code)
-}
-
-async fn pull(pod: &mut Pod, name: &str) {
-    pod.client
-        .image
-        .pull_image(PullImageRequest {
-            image: Some(ImageSpec {
-                image: image(name),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull");
 }
 
 fn is_mount_point(mounts: &str, path: &str) -> bool {
@@ -45,7 +31,7 @@ fn is_mount_point(mounts: &str, path: &str) -> bool {
 async fn volumes_the_image_declares_are_seeded_writable_and_go_with_the_container() {
     let crius = Crius::start().await;
     let mut pod = pod(&crius, "declared-volumes").await;
-    pull(&mut pod, "declared-volumes:latest").await;
+    pod.pull("declared-volumes:latest").await;
     let id = pod
         .run(container(
             "db",
@@ -121,7 +107,7 @@ async fn volumes_the_image_declares_are_seeded_writable_and_go_with_the_containe
 async fn ignore_image_defined_volumes_leaves_the_paths_in_the_rootfs() {
     let crius = Crius::start_with(|c| c.ignore_image_defined_volumes = true, &[]).await;
     let mut pod = pod(&crius, "ignored-volumes").await;
-    pull(&mut pod, "declared-volumes:latest").await;
+    pod.pull("declared-volumes:latest").await;
     let id = pod
         .run(container(
             "db",

@@ -11,20 +11,6 @@ use common::pod::{Pod, container, image, pod};
 use crius::api::v1::{ImageSpec, PullImageRequest, VersionRequest};
 use tonic::Code;
 
-async fn pull(pod: &mut Pod, name: &str) {
-    pod.client
-        .image
-        .pull_image(PullImageRequest {
-            image: Some(ImageSpec {
-                image: image(name),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull");
-}
-
 /// crius's resident memory, in KiB.
 fn rss_kib(crius: &Crius) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", crius.pid())).unwrap();
@@ -51,7 +37,7 @@ async fn account_files_that_attack_the_reader_give_the_images_data_or_a_clear_er
     let crius = Crius::start().await;
     let mut pod = pod(&crius, "hostile-accounts").await;
     for variant in ["hostlink", "devzero", "fifo", "huge"] {
-        pull(&mut pod, &format!("hostile-accounts:{variant}")).await;
+        pod.pull(&format!("hostile-accounts:{variant}")).await;
     }
 
     let (took, hostlink) = create(&mut pod, "hostlink", "hostile-accounts:hostlink").await;
@@ -174,7 +160,10 @@ async fn a_retried_create_container_gets_the_first_ones_container() {
         .create_container(request(config.clone(), Duration::from_millis(300)))
         .await
         .expect_err("kubelet gives up first");
-    assert_eq!(err.code(), Code::DeadlineExceeded);
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
     // The retry, while the first is still running, joins it.
     let retried = client
         .runtime
@@ -246,7 +235,10 @@ async fn a_retried_run_pod_sandbox_gets_the_first_ones_pod_also_after_a_restart(
         .run_pod_sandbox(request(config.clone(), Duration::from_millis(300)))
         .await
         .expect_err("kubelet gives up first");
-    assert_eq!(err.code(), Code::DeadlineExceeded);
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
     let first = client
         .runtime
         .run_pod_sandbox(request(config.clone(), Duration::from_secs(60)))

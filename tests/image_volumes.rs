@@ -9,25 +9,8 @@ use std::path::Path;
 
 use common::Crius;
 use common::pod::{Pod, container, image, pod};
-use crius::api::v1::{ImageSpec, ListImagesRequest, Mount, PullImageRequest, RemoveImageRequest};
+use crius::api::v1::{ImageSpec, ListImagesRequest, Mount, RemoveImageRequest};
 use tonic::Code;
-
-/// Pulls the two-layer volume image and returns its ID, as kubelet names it in a mount.
-async fn pull_volume_image(pod: &mut Pod) -> String {
-    pod.client
-        .image
-        .pull_image(PullImageRequest {
-            image: Some(ImageSpec {
-                image: image("volume:latest"),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull the volume image")
-        .into_inner()
-        .image_ref
-}
 
 fn image_mount(container_path: &str, image: &str, sub_path: &str) -> Mount {
     Mount {
@@ -91,7 +74,7 @@ async fn cat(pod: &mut Pod, id: &str, path: &str) -> String {
 async fn an_image_volume_is_the_image_read_only_shared_by_the_pod_and_gone_with_it() {
     let crius = Crius::start().await;
     let mut pod = pod(&crius, "image-volume").await;
-    let volume = pull_volume_image(&mut pod).await;
+    let volume = pod.pull("volume:latest").await;
     let mut config = container("reader", "busybox:latest", &["sleep", "1000"]);
     config.mounts = vec![
         image_mount("/vol", &volume, ""),
@@ -173,7 +156,7 @@ async fn an_image_volume_is_the_image_read_only_shared_by_the_pod_and_gone_with_
 async fn what_cannot_be_mounted_is_a_clear_error_and_leaves_nothing() {
     let crius = Crius::start().await;
     let mut pod = pod(&crius, "image-volume-errors").await;
-    let volume = pull_volume_image(&mut pod).await;
+    let volume = pod.pull("volume:latest").await;
     let cases = [
         (
             image_mount("/vol", &image("never-pulled:latest"), ""),
@@ -226,7 +209,7 @@ async fn what_cannot_be_mounted_is_a_clear_error_and_leaves_nothing() {
 async fn image_volumes_survive_a_crius_crash_and_go_with_their_pod() {
     let mut crius = Crius::start().await;
     let mut pod = pod(&crius, "image-volume-crash").await;
-    let volume = pull_volume_image(&mut pod).await;
+    let volume = pod.pull("volume:latest").await;
     let mut config = container("before", "busybox:latest", &["sleep", "1000"]);
     config.mounts = vec![image_mount("/vol", &volume, "")];
     let before = pod.run(config).await;

@@ -110,6 +110,23 @@ pub fn container(name: &str, img: &str, command: &[&str]) -> ContainerConfig {
 }
 
 impl Pod {
+    /// Pulls a test bed image by its short name (`busybox:latest`); returns its image ref.
+    pub async fn pull(&mut self, name: &str) -> String {
+        self.client
+            .image
+            .pull_image(PullImageRequest {
+                image: Some(ImageSpec {
+                    image: image(name),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("pull {name}: {e}"))
+            .into_inner()
+            .image_ref
+    }
+
     pub async fn create(&mut self, config: ContainerConfig) -> Result<String, tonic::Status> {
         // With a deadline, as kubelet sends every call.
         let mut request = tonic::Request::new(CreateContainerRequest {
