@@ -439,6 +439,17 @@ pub async fn clean_up_leftovers(service: &CriService) {
     container_ids.sort();
     container_ids.dedup();
     for id in container_ids {
+        // A crash in the middle of CreateContainer can leave the image's read-only rootfs
+        // view mounted; it is never in use after start-up.
+        let view = service
+            .container_root_dir(&id)
+            .join(crate::cri::container_rootfs::ROOTFS_VIEW_DIR);
+        if view.exists() {
+            if let Err(e) = crate::mount::unmount_all(&view) {
+                tracing::warn!(container = %id, error = %e, "unmounting a leftover rootfs view failed");
+            }
+            let _ = std::fs::remove_dir(&view);
+        }
         if service
             .containers
             .get(&id)

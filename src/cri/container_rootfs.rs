@@ -22,6 +22,9 @@ use crate::oci::container::DeclaredVolume;
 use crate::oci::user::AccountFiles;
 use crate::server::CriService;
 
+/// Under a container's root dir: where the image's rootfs is mounted read-only while
+/// CreateContainer reads it.
+pub(crate) const ROOTFS_VIEW_DIR: &str = "rootfs-view";
 /// How deep a declared volume's tree may go (a hostile image could nest without end).
 const MAX_DEPTH: usize = 128;
 /// The largest `/etc/passwd` or `/etc/group` crius reads.
@@ -58,7 +61,7 @@ impl CriService {
         } else {
             volumes_to_make(root_dir, config, image_volumes)
         };
-        let staging = root_dir.join("rootfs-view");
+        let staging = root_dir.join(ROOTFS_VIEW_DIR);
         tokio::task::spawn_blocking(move || {
             with_read_only_rootfs(&staging, &rootfs, |root| {
                 let accounts = AccountFiles {
