@@ -43,6 +43,12 @@ const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 const MAX_CONFIG_SIZE: i64 = 8 * 1024 * 1024;
 /// How often a running pull logs its progress.
 const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the watchdog looks at a pull.
+const WATCH_TICK: Duration = Duration::from_millis(250);
+/// New layer bytes that count as progress for the stall timeout.
+const USEFUL_BYTES: u64 = 32 * 1024;
+/// The slowest average a whole pull may have, over the bytes its documents promised.
+const MIN_PULL_RATE: u64 = 64 * 1024;
 
 /// Why a pull failed, with the gRPC code it maps to. Cloneable: shared by joined pulls.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -70,6 +76,10 @@ enum PullError {
     Corrupt(String),
     #[error("no progress for {0:?}; cancelled")]
     Stalled(Duration),
+    #[error(
+        "not done within {limit:?}, the most a pull of {bytes} bytes may take (at least 64 KiB/s); cancelled"
+    )]
+    TooSlow { limit: Duration, bytes: u64 },
     #[error("cancelled: every caller's deadline passed")]
     Cancelled,
     #[error(transparent)]
@@ -97,7 +107,7 @@ impl PullError {
             Self::Unsupported(_) => Code::InvalidArgument,
             Self::NotFound(_) => Code::NotFound,
             Self::Corrupt(_) => Code::DataLoss,
-            Self::Stalled(_) | Self::Cancelled => Code::DeadlineExceeded,
+            Self::Stalled(_) | Self::TooSlow { .. } | Self::Cancelled => Code::DeadlineExceeded,
             Self::Failpoint(_) => Code::Internal,
             Self::Unpack(super::unpack::UnpackError::Containerd(_)) => Code::Internal,
             Self::Unpack(super::unpack::UnpackError::DiffIdMismatch { .. }) => Code::DataLoss,
@@ -115,15 +125,24 @@ impl<E: std::error::Error + Into<PullError> + 'static> From<WriteError<E>> for P
     }
 }
 
-/// How far a pull has come; also what the stall watchdog watches.
+/// How far a pull has come; also what the watchdog watches.
+///
+/// Only useful progress counts: [`USEFUL_BYTES`] more of a layer, or a document or layer
+/// finished. A registry that trickles a byte now and then makes none, so it is cut off after
+/// the progress timeout like one that sends nothing. Once the documents are in, the pull
+/// also gets an overall deadline from the sizes they promised (see [`Progress::promise`]).
 struct Progress {
     started: Instant,
-    /// Milliseconds after `started` of the last progress.
+    /// Milliseconds after `started` of the last useful progress.
     last: AtomicU64,
     bytes: AtomicU64,
+    /// Bytes received since the last useful progress.
+    unaccounted: AtomicU64,
     bytes_total: AtomicU64,
     layers: AtomicUsize,
     layers_total: AtomicUsize,
+    /// Milliseconds after `started` by which the pull must be done; 0 until promised.
+    deadline: AtomicU64,
 }
 
 impl Progress {
@@ -132,20 +151,30 @@ impl Progress {
             started: Instant::now(),
             last: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            unaccounted: AtomicU64::new(0),
             bytes_total: AtomicU64::new(0),
             layers: AtomicUsize::new(0),
             layers_total: AtomicUsize::new(0),
+            deadline: AtomicU64::new(0),
         }
     }
 
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Records useful progress: a document or layer finished, or enough new bytes.
     fn touch(&self) {
-        let now = self.started.elapsed().as_millis() as u64;
-        self.last.store(now, Ordering::Relaxed);
+        self.unaccounted.store(0, Ordering::Relaxed);
+        self.last.store(self.elapsed_ms(), Ordering::Relaxed);
     }
 
     fn add_bytes(&self, n: usize) {
-        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
-        self.touch();
+        let n = n as u64;
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+        if self.unaccounted.fetch_add(n, Ordering::Relaxed) + n >= USEFUL_BYTES {
+            self.touch();
+        }
     }
 
     fn layer_done(&self) {
@@ -153,36 +182,70 @@ impl Progress {
         self.touch();
     }
 
+    /// Sets the overall deadline once the documents say how many bytes are to come: the
+    /// progress timeout plus the promised bytes at [`MIN_PULL_RATE`], from the start.
+    fn promise(&self, bytes: u64, progress_timeout: Duration) -> Duration {
+        let limit = overall_limit(bytes, progress_timeout);
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.deadline.store(ms, Ordering::Relaxed);
+        limit
+    }
+
     fn idle(&self) -> Duration {
         let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
         self.started.elapsed().saturating_sub(last)
     }
 
-    /// Resolves when there has been no progress for `timeout`; logs progress meanwhile.
-    async fn stalled(&self, reference: &str, timeout: Duration) {
-        let tick = PROGRESS_LOG_INTERVAL.min(timeout);
+    fn past_deadline(&self) -> Option<Duration> {
+        let deadline = self.deadline.load(Ordering::Relaxed);
+        (deadline != 0 && self.elapsed_ms() >= deadline).then(|| Duration::from_millis(deadline))
+    }
+
+    /// Resolves when there has been no useful progress for `timeout`, or the overall
+    /// deadline passed; logs progress meanwhile.
+    async fn watch(&self, reference: &str, timeout: Duration) -> Stop {
+        let tick = WATCH_TICK.min(timeout);
+        let mut last_log = Instant::now();
         loop {
             tokio::time::sleep(tick).await;
             if self.idle() >= timeout {
-                return;
+                return Stop::Stalled(timeout);
             }
-            tracing::info!(
-                image = reference,
-                bytes = self.bytes.load(Ordering::Relaxed),
-                bytes_total = self.bytes_total.load(Ordering::Relaxed),
-                layers = self.layers.load(Ordering::Relaxed),
-                layers_total = self.layers_total.load(Ordering::Relaxed),
-                "pull in progress"
-            );
+            if let Some(limit) = self.past_deadline() {
+                return Stop::TooSlow {
+                    limit,
+                    bytes: self.bytes_total.load(Ordering::Relaxed),
+                };
+            }
+            if last_log.elapsed() >= PROGRESS_LOG_INTERVAL {
+                last_log = Instant::now();
+                tracing::info!(
+                    image = reference,
+                    bytes = self.bytes.load(Ordering::Relaxed),
+                    bytes_total = self.bytes_total.load(Ordering::Relaxed),
+                    layers = self.layers.load(Ordering::Relaxed),
+                    layers_total = self.layers_total.load(Ordering::Relaxed),
+                    "pull in progress"
+                );
+            }
         }
     }
+}
+
+/// How long a pull of `bytes` may take in all.
+/// Never more than the pull's lease lives: sizes a registry claims are not to be trusted.
+fn overall_limit(bytes: u64, progress_timeout: Duration) -> Duration {
+    let transfer = Duration::from_secs(bytes / MIN_PULL_RATE);
+    progress_timeout.saturating_add(transfer).min(LEASE_EXPIRY)
 }
 
 /// Why a pull stops before it is done.
 #[derive(Debug, Clone, Copy)]
 enum Stop {
-    /// No progress for this long.
+    /// No useful progress for this long.
     Stalled(Duration),
+    /// The overall deadline for the promised bytes passed.
+    TooSlow { limit: Duration, bytes: u64 },
     /// Every caller's deadline passed.
     Cancelled,
 }
@@ -191,6 +254,7 @@ impl From<Stop> for PullError {
     fn from(stop: Stop) -> Self {
         match stop {
             Stop::Stalled(timeout) => Self::Stalled(timeout),
+            Stop::TooSlow { limit, bytes } => Self::TooSlow { limit, bytes },
             Stop::Cancelled => Self::Cancelled,
         }
     }
@@ -344,12 +408,11 @@ impl ImagePuller {
         let started = Instant::now();
         let progress = Arc::new(Progress::new());
         let name = reference.to_string();
-        // Why the pull must stop before it is done: no progress, or no one waiting any more.
+        // Why the pull must stop before it is done: no useful progress, too slow over all, or
+        // no one waiting any more.
         let stop = async {
             tokio::select! {
-                _ = progress.stalled(&name, self.progress_timeout) => {
-                    Stop::Stalled(self.progress_timeout)
-                }
+                why = progress.watch(&name, self.progress_timeout) => why,
                 _ = cancel.cancelled() => Stop::Cancelled,
             }
         }
@@ -404,8 +467,17 @@ impl ImagePuller {
             docs = fetch_documents(&session, progress) => docs?,
             why = stop.clone() => return Err(why.into()),
         };
+        let promised = docs
+            .manifest
+            .layers
+            .iter()
+            .map(|l| u64::try_from(l.size).unwrap_or(0))
+            .fold(0u64, u64::saturating_add);
+        progress.bytes_total.store(promised, Ordering::Relaxed);
+        let limit = progress.promise(promised, self.progress_timeout);
         tracing::debug!(
             elapsed_ms = progress.started.elapsed().as_millis() as u64,
+            limit_ms = limit.as_millis() as u64,
             "documents fetched"
         );
 
@@ -491,10 +563,6 @@ impl ImagePuller {
     ) -> Result<(), PullError> {
         let layers = &docs.manifest.layers;
         progress.layers_total.store(layers.len(), Ordering::Relaxed);
-        progress.bytes_total.store(
-            layers.iter().map(|l| l.size.max(0) as u64).sum(),
-            Ordering::Relaxed,
-        );
         let semaphore = Arc::new(Semaphore::new(self.max_downloads));
         let downloads: Vec<AbortOnDropHandle<Result<(), PullError>>> = layers
             .iter()
@@ -805,6 +873,44 @@ fn pull_key(reference: &Reference, credentials: Option<&Credentials>) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trickle_of_bytes_is_not_progress_but_a_useful_amount_is() {
+        let progress = Progress::new();
+        std::thread::sleep(Duration::from_millis(30));
+        for _ in 0..1000 {
+            progress.add_bytes(1);
+        }
+        assert!(
+            progress.idle() >= Duration::from_millis(30),
+            "a trickle counted"
+        );
+        progress.add_bytes(USEFUL_BYTES as usize);
+        assert!(
+            progress.idle() < Duration::from_millis(30),
+            "a useful amount did not count"
+        );
+    }
+
+    #[test]
+    fn the_overall_limit_follows_the_promised_bytes_and_is_capped() {
+        let timeout = Duration::from_secs(60);
+        assert_eq!(overall_limit(0, timeout), timeout);
+        assert_eq!(
+            overall_limit(10 * MIN_PULL_RATE, timeout),
+            timeout + Duration::from_secs(10)
+        );
+        assert_eq!(overall_limit(u64::MAX, timeout), LEASE_EXPIRY);
+        let progress = Progress::new();
+        assert_eq!(
+            progress.past_deadline(),
+            None,
+            "no deadline before the promise"
+        );
+        progress.promise(0, Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(progress.past_deadline().is_some());
+    }
 
     #[test]
     fn gc_labels_reference_every_child() {

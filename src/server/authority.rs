@@ -30,6 +30,13 @@ const FLAG_PRIORITY: u8 = 0x20;
 const MAX_FRAME_PAYLOAD: usize = 16_384;
 /// A header block may not grow beyond this while it is collected.
 const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// The HPACK dynamic table size HTTP/2 servers start with and this one never raises: a
+/// client that asks for a larger table is refused.
+const MAX_HPACK_TABLE: usize = 4096;
+/// The most a decoded header list may hold, counted as RFC 7541 counts a table entry (name,
+/// value and 32 bytes each): a small block of references to one large entry can otherwise
+/// decode to gigabytes.
+const MAX_HEADER_LIST: usize = 1 << 20;
 const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -78,7 +85,7 @@ impl Rewriter {
             preface_left: PREFACE_LEN,
             payload_left: 0,
             block: None,
-            decoder: loona_hpack::Decoder::new(),
+            decoder: limited_decoder(),
             input: BytesMut::new(),
             output: BytesMut::new(),
         }
@@ -193,10 +200,7 @@ impl Rewriter {
     }
 
     fn finish_block(&mut self, block: PendingBlock) -> io::Result<()> {
-        let mut headers = self
-            .decoder
-            .decode(&block.fragment)
-            .map_err(|e| invalid(format!("undecodable header block: {e:?}")))?;
+        let mut headers = decode_bounded(&mut self.decoder, &block.fragment)?;
         let authority = headers.iter_mut().find(|(name, _)| name == b":authority");
         let needs_repair = authority
             .as_ref()
@@ -266,6 +270,35 @@ impl Rewriter {
         self.output.put_u8(flags);
         self.output.put_u32(stream_id);
     }
+}
+
+fn limited_decoder() -> loona_hpack::Decoder<'static> {
+    let mut decoder = loona_hpack::Decoder::new();
+    decoder.set_max_allowed_table_size(MAX_HPACK_TABLE);
+    decoder
+}
+
+/// Decodes a header block into at most [`MAX_HEADER_LIST`] bytes of headers.
+fn decode_bounded(
+    decoder: &mut loona_hpack::Decoder<'static>,
+    block: &[u8],
+) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut headers = Vec::new();
+    let mut size = 0usize;
+    decoder
+        .decode_with_cb(block, |name, value| {
+            size = size.saturating_add(name.len() + value.len() + 32);
+            if size <= MAX_HEADER_LIST {
+                headers.push((name.into_owned(), value.into_owned()));
+            }
+        })
+        .map_err(|e| invalid(format!("undecodable header block: {e:?}")))?;
+    if size > MAX_HEADER_LIST {
+        return Err(invalid(format!(
+            "the header list decodes to more than {MAX_HEADER_LIST} bytes"
+        )));
+    }
+    Ok(headers)
 }
 
 /// HPACK "literal header field without indexing, new name", no Huffman coding: touches no
@@ -540,6 +573,63 @@ mod tests {
         let mut rewriter = Rewriter::new();
         rewriter.input.extend_from_slice(&input);
         assert!(rewriter.process().is_err());
+    }
+
+    /// One HEADERS frame (with CONTINUATIONs as needed) carrying `block` on stream 1.
+    fn header_frames(block: &[u8]) -> Vec<u8> {
+        let mut input = PREFACE.to_vec();
+        let chunks: Vec<&[u8]> = block.chunks(MAX_FRAME_PAYLOAD).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let frame_type = if i == 0 {
+                TYPE_HEADERS
+            } else {
+                TYPE_CONTINUATION
+            };
+            let flags = if i + 1 == chunks.len() {
+                FLAG_END_HEADERS
+            } else {
+                0
+            };
+            input.extend(frame(frame_type, flags, 1, chunk));
+        }
+        input
+    }
+
+    #[test]
+    fn references_that_decode_to_a_huge_header_list_are_refused() {
+        // A 4000-byte value indexed into the table, then referenced 64 Ki times: a 64 KiB
+        // block that would decode to 256 MiB.
+        let mut block = vec![0x40, 5];
+        block.extend_from_slice(b"x-big");
+        block.extend(loona_hpack::encoder::encode_integer(4000, 7));
+        block.extend(std::iter::repeat_n(b'a', 4000));
+        // The new entry is the first dynamic one: index 62.
+        block.extend(std::iter::repeat_n(0x80 | 62, 64 * 1024));
+        let mut rewriter = Rewriter::new();
+        rewriter.input.extend_from_slice(&header_frames(&block));
+        let err = rewriter.process().expect_err("a header list bomb");
+        assert!(err.to_string().contains("decodes to more than"), "{err}");
+    }
+
+    #[test]
+    fn a_larger_hpack_table_than_the_server_allows_is_refused() {
+        let mut allowed = loona_hpack::encoder::encode_integer(MAX_HPACK_TABLE, 5);
+        allowed[0] |= 0x20;
+        let mut too_large = loona_hpack::encoder::encode_integer(MAX_HPACK_TABLE + 1, 5);
+        too_large[0] |= 0x20;
+        for (update, ok) in [(allowed, true), (too_large, false)] {
+            let mut block = update;
+            block.extend(
+                loona_hpack::Encoder::new().encode(
+                    request_headers("/x.sock")
+                        .iter()
+                        .map(|(n, v)| (n.as_slice(), v.as_slice())),
+                ),
+            );
+            let mut rewriter = Rewriter::new();
+            rewriter.input.extend_from_slice(&header_frames(&block));
+            assert_eq!(rewriter.process().is_ok(), ok);
+        }
     }
 
     #[tokio::test]
