@@ -458,6 +458,13 @@ const LAYER_DIGEST: &str =
     "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 const CONFIG_DIGEST_ENDLESS: &str =
     "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+/// Sent a byte at a time.
+const LAYER_DIGEST_TRICKLE: &str =
+    "sha256:3333333333333333333333333333333333333333333333333333333333333333";
+/// Sent in useful amounts, but slower than any pull may take.
+const LAYER_DIGEST_CRAWL: &str =
+    "sha256:4444444444444444444444444444444444444444444444444444444444444444";
+const CRAWL_LAYER_SIZE: usize = 512 * 1024;
 
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
@@ -471,10 +478,19 @@ fn config_json() -> String {
 }
 
 fn manifest(config_digest: &str, config_size: usize, layer_size: usize) -> String {
+    manifest_with_layer(config_digest, config_size, LAYER_DIGEST, layer_size)
+}
+
+fn manifest_with_layer(
+    config_digest: &str,
+    config_size: usize,
+    layer_digest: &str,
+    layer_size: usize,
+) -> String {
     format!(
         r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json",
         "config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":{config_size}}},
-        "layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{LAYER_DIGEST}","size":{layer_size}}}]}}"#
+        "layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{layer_digest}","size":{layer_size}}}]}}"#
     )
 }
 
@@ -515,6 +531,50 @@ impl EvilRegistry {
                     let endless = path.ends_with("/manifests/endless")
                         || path.contains(CONFIG_DIGEST_ENDLESS)
                         || path.contains(LAYER_DIGEST);
+                    let config_digest = sha256_hex(config.as_bytes());
+                    if path.ends_with("/manifests/trickle") || path.contains(LAYER_DIGEST_TRICKLE) {
+                        let start = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: {manifest_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            CRAWL_LAYER_SIZE
+                        );
+                        if conn.write_all(start.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        // A byte every 50 ms: always something, never enough.
+                        while conn.write_all(b"{").await.is_ok() {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        return;
+                    }
+                    if path.contains(LAYER_DIGEST_CRAWL) {
+                        let start = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {CRAWL_LAYER_SIZE}\r\nConnection: close\r\n\r\n"
+                        );
+                        if conn.write_all(start.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        // 32 KiB a second: useful progress, at half the slowest rate allowed.
+                        let chunk = vec![0u8; 32 * 1024];
+                        while conn.write_all(&chunk).await.is_ok() {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        return;
+                    }
+                    for (tag, layer) in [
+                        ("trickle-layer", LAYER_DIGEST_TRICKLE),
+                        ("crawl-layer", LAYER_DIGEST_CRAWL),
+                    ] {
+                        if path.ends_with(&format!("/manifests/{tag}")) {
+                            let body = manifest_with_layer(
+                                &config_digest,
+                                config.len(),
+                                layer,
+                                CRAWL_LAYER_SIZE,
+                            );
+                            let _ = conn.write_all(fixed(manifest_type, &body).as_bytes()).await;
+                            return;
+                        }
+                    }
                     if path.starts_with("/v2/mirrored/") {
                         let reply = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"evil\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
                         let _ = conn.write_all(reply.as_bytes()).await;
@@ -540,7 +600,7 @@ impl EvilRegistry {
                     } else if path.ends_with("/manifests/endless-layer") {
                         let body = manifest(&sha256_hex(config.as_bytes()), config.len(), 1024);
                         let _ = conn.write_all(fixed(manifest_type, &body).as_bytes()).await;
-                    } else if path.contains(&sha256_hex(config.as_bytes())) {
+                    } else if path.contains(&config_digest) {
                         let _ = conn
                             .write_all(fixed("application/octet-stream", &config).as_bytes())
                             .await;
@@ -649,6 +709,54 @@ async fn a_registry_that_never_stops_sending_is_cut_off_and_gets_no_foreign_cred
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
+#[tokio::test]
+async fn a_registry_that_trickles_or_crawls_is_cut_off() {
+    let evil = EvilRegistry::start().await;
+    let progress_timeout = Duration::from_secs(2);
+    let crius = Crius::start_with(|c| c.image.pull_progress_timeout = progress_timeout, &[]).await;
+    let mut client = crius.client().await;
+    // 2 s for the stall; the crawl's overall limit is 2 s + 512 KiB at 64 KiB/s = 10 s,
+    // where finishing at its rate would take 16 s.
+    for (tag, why, at_most) in [
+        ("trickle", "no progress for 2s", Duration::from_secs(8)),
+        (
+            "trickle-layer",
+            "no progress for 2s",
+            Duration::from_secs(8),
+        ),
+        (
+            "crawl-layer",
+            "not done within 10s",
+            Duration::from_secs(14),
+        ),
+    ] {
+        let started = Instant::now();
+        let mut request = tonic::Request::new(PullImageRequest {
+            image: Some(ImageSpec {
+                image: format!("{}/evil:{tag}", evil.addr),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        request.set_timeout(Duration::from_secs(60));
+        let err = client.image.pull_image(request).await.expect_err(tag);
+        let took = started.elapsed();
+        assert_eq!(err.code(), Code::DeadlineExceeded, "{tag}: {err:?}");
+        assert!(err.message().contains(why), "{tag}: {err:?}");
+        assert!(took < at_most, "{tag} took {took:?}");
+    }
+    let leases = crius.ctr(&["leases", "ls", "-q"]);
+    assert!(
+        !leases.contains("crius-"),
+        "a cut-off pull left its lease: {leases}"
+    );
+    let ingests = crius.ctr(&["content", "active"]);
+    assert!(
+        !ingests.contains("crius-layer"),
+        "a cut-off pull left its download: {ingests}"
+    );
+}
+
 fn open_fds(crius: &Crius) -> usize {
     std::fs::read_dir(format!("/proc/{}/fd", crius.pid()))
         .map(|d| d.count())
@@ -730,5 +838,140 @@ async fn a_flood_of_idle_stream_connections_cannot_starve_crius() {
     let (out, _, _) = pod.exec(&another, &["echo", "ok"], 10).await.expect("exec");
     assert_eq!(out, "ok\n");
     drop(idle);
+    pod.remove_pod().await;
+}
+
+/// An exec of `sleep 1000` (which never reads its stdin) with stdin and stdout, as a URL.
+async fn quiet_exec_url(pod: &mut Pod, id: &str) -> String {
+    pod.client
+        .runtime
+        .exec(crius::api::v1::ExecRequest {
+            container_id: id.to_string(),
+            cmd: vec!["sleep".into(), "1000".into()],
+            stdin: true,
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Exec")
+        .into_inner()
+        .url
+}
+
+/// The processes in a container's task (its own and its execs').
+fn task_processes(crius: &Crius, id: &str) -> usize {
+    crius
+        .ctr(&["tasks", "ps", id])
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+#[tokio::test]
+async fn floods_on_exec_streams_are_held_to_bytes_and_leave_nothing_behind() {
+    use common::streams::{SpdyClient, WsMessage, websocket};
+    use futures::SinkExt;
+    const CHUNK: usize = 512 * 1024;
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "stream-bytes").await;
+    let id = pod
+        .run(container("quiet", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let spdy_url = quiet_exec_url(&mut pod, &id).await;
+    let ws_url = quiet_exec_url(&mut pod, &id).await;
+    let rss_before = rss_kib(&crius);
+    let fds_before = open_fds(&crius);
+
+    // SPDY: 64 MiB on the stdin of a process that never reads it, 64 MiB on the error
+    // stream crius never reads, and more streams than an exec may have.
+    let mut spdy = SpdyClient::connect(&spdy_url, &["v4.channel.k8s.io"])
+        .await
+        .expect("upgrade to SPDY");
+    let error = spdy.open(&[("streamType", "error")]).await;
+    let stdin = spdy.open(&[("streamType", "stdin")]).await;
+    spdy.open(&[("streamType", "stdout")]).await;
+    let spdy_flood = tokio::spawn(async move {
+        for _ in 0..16 {
+            spdy.open(&[("streamType", "stdout")]).await;
+        }
+        let chunk = vec![b'x'; CHUNK];
+        for _ in 0..128 {
+            spdy.send(error, &chunk, false).await;
+            spdy.send(stdin, &chunk, false).await;
+        }
+    });
+    // WebSocket: the same 64 MiB on stdin, in messages of half a MiB.
+    let (mut socket, _) = websocket(&ws_url, &["v5.channel.k8s.io"]).await;
+    let ws_flood = tokio::spawn(async move {
+        let mut message = vec![b'x'; CHUNK + 1];
+        message[0] = 0; // stdin
+        for _ in 0..128 {
+            if socket
+                .send(WsMessage::Binary(message.clone().into()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!spdy_flood.is_finished(), "crius took all the SPDY input");
+    assert!(
+        !ws_flood.is_finished(),
+        "crius took all the WebSocket input"
+    );
+    let grown = rss_kib(&crius).saturating_sub(rss_before);
+    assert!(
+        grown < 12 * 1024,
+        "crius grew by {grown} KiB under the floods"
+    );
+    let started = Instant::now();
+    pod.client
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("version during the floods");
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    // Clients that vanish mid-flood: their sessions, exec processes and descriptors go.
+    spdy_flood.abort();
+    ws_flood.abort();
+    let _ = spdy_flood.await;
+    let _ = ws_flood.await;
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            task_processes(&crius, &id) == 1 && open_fds(&crius) <= fds_before + 2
+        })
+        .await,
+        "left behind: {} processes in the task, {} descriptors (from {fds_before})",
+        task_processes(&crius, &id),
+        open_fds(&crius)
+    );
+
+    // A WebSocket message larger than 1 MiB closes the session.
+    let url = quiet_exec_url(&mut pod, &id).await;
+    let (mut socket, _) = websocket(&url, &["v5.channel.k8s.io"]).await;
+    let mut huge = vec![b'x'; 2 * 1024 * 1024];
+    huge[0] = 0;
+    let _ = socket.send(WsMessage::Binary(huge.into())).await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        use futures::StreamExt;
+        while let Some(Ok(message)) = socket.next().await {
+            if matches!(message, WsMessage::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "a 2 MiB message did not end the session");
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            task_processes(&crius, &id) == 1
+        })
+        .await,
+        "the exec of the closed session still runs"
+    );
     pod.remove_pod().await;
 }

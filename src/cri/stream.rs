@@ -9,7 +9,6 @@ use crate::api::v1::{
     AttachRequest, AttachResponse, ExecRequest, ExecResponse, PortForwardRequest,
     PortForwardResponse,
 };
-use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +19,7 @@ use super::sandbox::is_host_network;
 use crate::io::{ExecIo, OutputChunk, Stream};
 use crate::server::CriService;
 use crate::store::{Container, ContainerState, SandboxState};
+use crate::streaming::input::Input;
 use crate::streaming::{
     ProcessIo, RuntimeError, StreamRequest, StreamRuntime, TerminalSize, TokenError,
 };
@@ -138,7 +138,7 @@ impl CriService {
         id: &str,
         exec_id: &str,
         exec_io: &mut ExecIo,
-        stdin: Option<mpsc::Receiver<Bytes>>,
+        stdin: Option<Input>,
         resize: Option<mpsc::Receiver<TerminalSize>>,
         cancel: CancellationToken,
     ) -> Result<i32, RuntimeError> {
@@ -341,7 +341,7 @@ async fn copy_stdin(
     service: CriService,
     id: String,
     exec_id: String,
-    mut input: mpsc::Receiver<Bytes>,
+    mut input: Input,
     mut fifo: tokio::net::unix::pipe::Sender,
 ) {
     while let Some(data) = input.recv().await {
@@ -359,11 +359,7 @@ async fn copy_stdin(
 
 /// Client stdin into the container's stdin. With `stdin_once` the container's stdin closes
 /// when this client's does.
-async fn attach_stdin(
-    service: CriService,
-    container: Arc<Container>,
-    mut input: mpsc::Receiver<Bytes>,
-) {
+async fn attach_stdin(service: CriService, container: Arc<Container>, mut input: Input) {
     while let Some(data) = input.recv().await {
         let mut stdin = container.io.stdin().lock().await;
         let Some(fifo) = stdin.as_mut() else {

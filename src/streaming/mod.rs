@@ -6,6 +6,7 @@
 //! [`StreamRuntime`] (the CRI service) to run the exec, attach to the container or connect
 //! to the pod's port. See `STREAMING` in the docs for the wire protocol.
 
+pub mod input;
 mod portforward;
 mod remotecommand;
 mod server;
@@ -17,7 +18,6 @@ mod websocket;
 use std::sync::Arc;
 
 use crate::api::v1::{AttachRequest, ExecRequest, PortForwardRequest};
-use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -48,7 +48,7 @@ pub struct TerminalSize {
 /// The client's end of a process's stdio, whatever the transport.
 pub struct ProcessIo {
     /// Input from the client; ends when the client closes stdin.
-    pub stdin: Option<mpsc::Receiver<Bytes>>,
+    pub stdin: Option<input::Input>,
     pub stdout: Option<Arc<dyn AsyncOutput>>,
     /// Never set together with `tty`.
     pub stderr: Option<Arc<dyn AsyncOutput>>,

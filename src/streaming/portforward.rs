@@ -1,6 +1,10 @@
 //! port-forward over SPDY (`portforward.k8s.io`): every forwarded connection arrives as an
 //! `error` and a `data` stream with the same `requestID` and a `port`; crius connects to
 //! that port in the pod and copies both ways.
+//!
+//! One connection forwards at most [`MAX_FORWARDS`] connections at once, and connecting
+//! into pods (a thread each, to enter the pod's network namespace) is bounded across the
+//! whole stream server by the [`Connecting`] limit it shares.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,12 +12,13 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::StreamRuntime;
-use super::spdy::{SpdyConnection, SpdyStream, header};
+use super::spdy::{SpdyConnection, SpdyStream, StreamOutput, header};
+use super::{RuntimeError, StreamRuntime};
 
 pub const PROTOCOL: &str = "portforward.k8s.io";
 /// How long the second stream of a pair may take to arrive.
@@ -21,6 +26,23 @@ const PAIR_TIMEOUT: Duration = Duration::from_secs(30);
 /// After the pod closed its side, how long data from the client may still be delivered.
 const CLIENT_DRAIN: Duration = Duration::from_secs(1);
 const READ_BUFFER: usize = 32 * 1024;
+/// Connections one port-forward connection forwards at once.
+pub const MAX_FORWARDS: usize = 64;
+/// Streams one port-forward connection may have open: two per forward, and pairs the
+/// client has half opened.
+pub const MAX_STREAMS: usize = 2 * MAX_FORWARDS + 8;
+/// Connects into pods in flight across the whole stream server.
+pub const MAX_CONNECTING: usize = 16;
+
+/// The stream server's bound on connects in flight, shared by every connection.
+#[derive(Clone)]
+pub struct Connecting(Arc<Semaphore>);
+
+impl Default for Connecting {
+    fn default() -> Self {
+        Self(Arc::new(Semaphore::new(MAX_CONNECTING)))
+    }
+}
 
 #[derive(Default)]
 struct PendingPair {
@@ -34,6 +56,7 @@ pub async fn serve(
     mut conn: SpdyConnection,
     sandbox_id: String,
     runtime: Arc<dyn StreamRuntime>,
+    connecting: Connecting,
     shutdown: CancellationToken,
 ) {
     let mut pending: HashMap<String, PendingPair> = HashMap::new();
@@ -44,10 +67,15 @@ pub async fn serve(
             stream = conn.accept() => {
                 let Some(stream) = stream else { break };
                 if let Some((error, data)) = pair_up(&mut pending, stream).await {
+                    if forwards.len() >= MAX_FORWARDS {
+                        refuse(error.output, data.output).await;
+                        continue;
+                    }
                     let runtime = runtime.clone();
                     let sandbox_id = sandbox_id.clone();
+                    let connecting = connecting.clone();
                     forwards.spawn(async move {
-                        forward(runtime.as_ref(), &sandbox_id, error, data).await;
+                        forward(runtime, &sandbox_id, &connecting, error, data).await;
                     });
                 }
             }
@@ -108,6 +136,19 @@ async fn pair_up(
     None
 }
 
+/// Turns a forward away: the connection already forwards as many as it may.
+async fn refuse(error: StreamOutput, data: StreamOutput) {
+    tracing::debug!(
+        limit = MAX_FORWARDS,
+        "too many forwarded connections on one port-forward connection"
+    );
+    let message = format!("more than {MAX_FORWARDS} forwarded connections at once");
+    let _ = error.write(message.into()).await;
+    error.close().await;
+    data.reset().await;
+    error.reset().await;
+}
+
 /// Gives up on pairs whose other half never came.
 async fn expire_pairs(pending: &mut HashMap<String, PendingPair>) {
     let expired: Vec<String> = pending
@@ -132,11 +173,14 @@ async fn expire_pairs(pending: &mut HashMap<String, PendingPair>) {
 
 /// Forwards one connection: errors go to the error stream, bytes over the data stream.
 async fn forward(
-    runtime: &dyn StreamRuntime,
+    runtime: Arc<dyn StreamRuntime>,
     sandbox_id: &str,
+    connecting: &Connecting,
     error: SpdyStream,
     mut data: SpdyStream,
 ) {
+    // The client sends nothing on the error stream: refuse what it does send.
+    let error = error.output;
     let port = header(&data.headers, "port")
         .and_then(|p| p.parse::<u16>().ok())
         .filter(|p| *p > 0);
@@ -145,7 +189,7 @@ async fn forward(
             "invalid port {:?}",
             header(&data.headers, "port").unwrap_or_default()
         )),
-        Some(port) => match runtime.port_forward(sandbox_id, port).await {
+        Some(port) => match connect(runtime.clone(), sandbox_id, port, connecting).await {
             Ok(tcp) => copy_both_ways(tcp, &mut data).await,
             Err(e) => Err(format!(
                 "failed to connect to localhost:{port} in sandbox {sandbox_id}: {e}"
@@ -155,16 +199,40 @@ async fn forward(
     match result {
         Ok(()) => {
             data.output.close().await;
-            error.output.close().await;
+            error.close().await;
         }
         Err(message) => {
             tracing::debug!(sandbox = sandbox_id, error = %message, "port-forward failed");
-            let _ = error.output.write(message.into()).await;
-            error.output.close().await;
+            let _ = error.write(message.into()).await;
+            error.close().await;
             data.output.reset().await;
-            error.output.reset().await;
+            error.reset().await;
         }
     }
+}
+
+/// Connects to the pod's port once the server-wide connect limit lets it. The connect runs
+/// in a task of its own that holds its permit to the end, so a forward that is dropped
+/// meanwhile does not free a place while its connect thread still runs.
+async fn connect(
+    runtime: Arc<dyn StreamRuntime>,
+    sandbox_id: &str,
+    port: u16,
+    connecting: &Connecting,
+) -> Result<tokio::net::TcpStream, RuntimeError> {
+    let permit = connecting
+        .0
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| RuntimeError::new("the stream server is stopping"))?;
+    let sandbox_id = sandbox_id.to_string();
+    tokio::spawn(async move {
+        let _permit = permit;
+        runtime.port_forward(&sandbox_id, port).await
+    })
+    .await
+    .map_err(|e| RuntimeError::new(format!("the connect task failed: {e}")))?
 }
 
 /// Copies until the pod closes its side (then gives the client's last bytes a moment), or
@@ -215,5 +283,142 @@ async fn copy_both_ways(tcp: tokio::net::TcpStream, data: &mut SpdyStream) -> Re
             }
         }
         _ = reset.closed() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+    use futures::{SinkExt, StreamExt};
+    use tokio_util::codec::{FramedRead, FramedWrite};
+
+    use super::*;
+    use crate::streaming::spdy::{Frame, SpdyCodec};
+    use crate::streaming::{ProcessIo, RuntimeError};
+
+    /// Connects every forward to one local listener, slowly, counting connects in flight.
+    struct SlowRuntime {
+        addr: std::net::SocketAddr,
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl StreamRuntime for SlowRuntime {
+        async fn exec(
+            &self,
+            _: &str,
+            _: &[String],
+            _: ProcessIo,
+            _: CancellationToken,
+        ) -> Result<i32, RuntimeError> {
+            Err(RuntimeError::new("not in this test"))
+        }
+
+        async fn attach(
+            &self,
+            _: &str,
+            _: ProcessIo,
+            _: CancellationToken,
+        ) -> Result<(), RuntimeError> {
+            Err(RuntimeError::new("not in this test"))
+        }
+
+        async fn port_forward(
+            &self,
+            _: &str,
+            _: u16,
+        ) -> Result<tokio::net::TcpStream, RuntimeError> {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            tokio::net::TcpStream::connect(self.addr)
+                .await
+                .map_err(|e| RuntimeError::new(e.to_string()))
+        }
+    }
+
+    #[tokio::test]
+    async fn forwards_per_connection_and_connects_in_flight_are_bounded() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The pod side: takes connections and holds them open.
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let runtime = Arc::new(SlowRuntime {
+            addr,
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+        });
+        let (server, client) = tokio::io::duplex(1 << 20);
+        let conn = SpdyConnection::new(server, Duration::from_secs(60), MAX_STREAMS);
+        let serving = tokio::spawn(serve(
+            conn,
+            "pod".into(),
+            runtime.clone(),
+            Connecting::default(),
+            CancellationToken::new(),
+        ));
+        let (read, write) = tokio::io::split(client);
+        let mut read = FramedRead::new(read, SpdyCodec::new());
+        let mut write = FramedWrite::new(write, SpdyCodec::new());
+        let pairs = MAX_FORWARDS as u32 + 1;
+        for request in 0..pairs {
+            for (i, stream_type) in ["error", "data"].into_iter().enumerate() {
+                write
+                    .send(Frame::SynStream {
+                        stream_id: 4 * request + 2 * i as u32 + 1,
+                        associated_to: 0,
+                        priority: 0,
+                        flags: 0,
+                        headers: vec![
+                            ("streamtype".into(), stream_type.into()),
+                            ("port".into(), "80".into()),
+                            ("requestid".into(), request.to_string()),
+                        ],
+                    })
+                    .await
+                    .unwrap();
+            }
+        }
+        // The last pair is turned away on its error stream.
+        let last_error = 4 * (pairs - 1) + 1;
+        let refusal = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(Ok(frame)) = read.next().await {
+                if let Frame::Data {
+                    stream_id, data, ..
+                } = frame
+                    && stream_id == last_error
+                    && !data.is_empty()
+                {
+                    return data;
+                }
+            }
+            Bytes::new()
+        })
+        .await
+        .expect("a refusal in time");
+        assert_eq!(
+            String::from_utf8_lossy(&refusal),
+            format!("more than {MAX_FORWARDS} forwarded connections at once")
+        );
+        let most = runtime.most_in_flight.load(Ordering::SeqCst);
+        assert!(
+            (2..=MAX_CONNECTING).contains(&most),
+            "{most} connects in flight at once"
+        );
+        drop(write);
+        drop(read);
+        tokio::time::timeout(Duration::from_secs(10), serving)
+            .await
+            .expect("the session ends with its client")
+            .unwrap();
     }
 }

@@ -8,12 +8,16 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::input::Input;
 use super::spdy::{SpdyConnection, SpdyStream, StreamOutput, header};
 use super::status::Outcome;
 use super::{AsyncOutput, ProcessIo, StreamRuntime, TerminalSize};
 
 /// How long the client has to open every stream it asked for.
 const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Streams an exec or attach connection may have open: its five and a few the client may
+/// open too early or in excess, which are refused later.
+pub const MAX_STREAMS: usize = 8;
 
 /// The `channel.k8s.io` protocol versions, oldest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -183,10 +187,14 @@ pub async fn serve(
         stderr,
         resize,
     } = streams;
+    // Only stdin and resize carry anything from the client: the input of the others is
+    // dropped here, so whatever the client sends on them is refused, not queued.
+    let [error, stdout, stderr] = [error, stdout, stderr].map(|s| s.map(|s| s.output));
+    let stderr = stderr.filter(|_| !options.tty);
     let outputs: Vec<StreamOutput> = [&error, &stdout, &stderr]
         .into_iter()
         .flatten()
-        .map(|s| s.output.clone())
+        .cloned()
         .collect();
     let (resize, resize_task) = match resize.filter(|_| options.tty) {
         Some(stream) => {
@@ -198,13 +206,11 @@ pub async fn serve(
         }
         None => (None, None),
     };
-    let output = |s: Option<SpdyStream>| -> Option<Arc<dyn AsyncOutput>> {
-        s.map(|s| Arc::new(s.output) as Arc<dyn AsyncOutput>)
-    };
+    let output = |s: Option<StreamOutput>| s.map(|output| Arc::new(output) as Arc<dyn AsyncOutput>);
     let io = ProcessIo {
         stdin: stdin.map(|s| s.input),
         stdout: output(stdout),
-        stderr: output(stderr).filter(|_| !options.tty),
+        stderr: output(stderr),
         tty: options.tty,
         resize,
     };
@@ -231,7 +237,7 @@ pub async fn serve(
     if let Some(error) = &error
         && let Some(bytes) = protocol.status_bytes(&outcome)
     {
-        let _ = error.output.write(Bytes::from(bytes)).await;
+        let _ = error.write(Bytes::from(bytes)).await;
     }
     for output in &outputs {
         output.close().await;
@@ -261,7 +267,7 @@ async fn collect_streams(
 const MAX_PENDING_RESIZE: usize = 4096;
 
 /// Turns the resize stream's JSON objects into terminal sizes.
-async fn decode_resizes(mut input: mpsc::Receiver<Bytes>, sizes: mpsc::Sender<TerminalSize>) {
+async fn decode_resizes(mut input: Input, sizes: mpsc::Sender<TerminalSize>) {
     let mut pending = Vec::new();
     while let Some(chunk) = input.recv().await {
         if pending.len() + chunk.len() > MAX_PENDING_RESIZE {
@@ -300,9 +306,11 @@ async fn decode_resizes(mut input: mpsc::Receiver<Bytes>, sizes: mpsc::Sender<Te
 mod tests {
     use super::*;
 
+    use crate::streaming::input::ConnectionBudget;
+
     #[tokio::test]
     async fn resize_objects_split_across_frames_are_decoded() {
-        let (tx, rx) = mpsc::channel(4);
+        let (tx, rx) = ConnectionBudget::default().stream(4096);
         let (sizes_tx, mut sizes) = mpsc::channel(4);
         let task = tokio::spawn(decode_resizes(rx, sizes_tx));
         tx.send(Bytes::from_static(b"{\"Width\":80,\"Hei"))
@@ -362,7 +370,7 @@ mod fuzz {
         fn the_resize_stream_takes_any_bytes(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..600), 0..12)) {
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
             runtime.block_on(async {
-                let (tx, rx) = mpsc::channel(16);
+                let (tx, rx) = crate::streaming::input::ConnectionBudget::default().stream(64 * 1024);
                 let (size_tx, mut size_rx) = mpsc::channel(64);
                 let decoder = tokio::spawn(decode_resizes(rx, size_tx));
                 for chunk in chunks {
@@ -380,7 +388,7 @@ mod fuzz {
 
     #[tokio::test]
     async fn a_resize_that_never_ends_is_cut_off() {
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, rx) = crate::streaming::input::ConnectionBudget::default().stream(64 * 1024);
         let (size_tx, _size_rx) = mpsc::channel(4);
         let decoder = tokio::spawn(decode_resizes(rx, size_tx));
         tx.send(Bytes::from_static(b"{\"Width\": ")).await.unwrap();

@@ -58,6 +58,8 @@ struct ServerState {
     idle_timeout: Duration,
     /// Upgraded sessions, which outlive their HTTP request.
     sessions: TaskTracker,
+    /// Port-forward connects in flight, across all sessions.
+    connecting: portforward::Connecting,
     shutdown: CancellationToken,
 }
 
@@ -116,6 +118,7 @@ impl StreamServer {
                 runtime,
                 idle_timeout: config.idle_timeout,
                 sessions: TaskTracker::new(),
+                connecting: portforward::Connecting::default(),
                 shutdown: CancellationToken::new(),
             }),
         })
@@ -315,12 +318,18 @@ async fn port_forward(
     let on_upgrade = hyper::upgrade::on(&mut request);
     let idle_timeout = state.idle_timeout;
     let runtime = state.runtime.clone();
+    let connecting = state.connecting.clone();
     let shutdown = state.shutdown.clone();
     state.sessions.spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
-                let conn = SpdyConnection::new(TokioIo::new(upgraded), idle_timeout);
-                portforward::serve(conn, forward.pod_sandbox_id, runtime, shutdown).await;
+                let conn = SpdyConnection::new(
+                    TokioIo::new(upgraded),
+                    idle_timeout,
+                    portforward::MAX_STREAMS,
+                );
+                portforward::serve(conn, forward.pod_sandbox_id, runtime, connecting, shutdown)
+                    .await;
             }
             Err(e) => tracing::debug!(error = %e, "port-forward upgrade failed"),
         }
@@ -352,7 +361,11 @@ async fn upgrade_remote_command(
     state.sessions.spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
-                let conn = SpdyConnection::new(TokioIo::new(upgraded), idle_timeout);
+                let conn = SpdyConnection::new(
+                    TokioIo::new(upgraded),
+                    idle_timeout,
+                    remotecommand::MAX_STREAMS,
+                );
                 remotecommand::serve(conn, version, options, command, runtime, shutdown).await;
             }
             Err(e) => tracing::debug!(error = %e, "stream upgrade failed"),
@@ -369,7 +382,10 @@ async fn upgrade_websocket(
 ) -> Response {
     let (mut parts, _body) = request.into_parts();
     let mut upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-        Ok(upgrade) => upgrade,
+        // A message or frame is refused past the limit, before it is buffered whole.
+        Ok(upgrade) => upgrade
+            .max_message_size(websocket::MAX_MESSAGE)
+            .max_frame_size(websocket::MAX_MESSAGE),
         Err(rejection) => return rejection.into_response(),
     };
     // In the client's order of preference (the extractor keeps them sorted instead).

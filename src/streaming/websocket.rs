@@ -2,6 +2,10 @@
 //! `base64` variants). Every message starts with its channel: 0 stdin, 1 stdout, 2 stderr,
 //! 3 error (how it ended), 4 resize; in v5, `255, c` closes channel `c` (the client's stdin).
 //! The base64 protocols send text: the channel as an ASCII digit, then base64.
+//!
+//! A client message is at most [`MAX_MESSAGE`] bytes; stdin waits in a queue bounded in
+//! bytes ([`crate::streaming::input`]), so a client that sends faster than the process reads
+//! is pushed back on, never buffered without end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::input::{ConnectionBudget, InputSender, STREAM_INPUT_LIMIT};
 use super::remotecommand::{ChannelProtocol, Command, StdioOptions};
 use super::status::Outcome;
 use super::{AsyncOutput, ProcessIo, StreamRuntime, TerminalSize};
@@ -28,6 +33,11 @@ const RESIZE: u8 = 4;
 const CLOSE: u8 = 255;
 
 const OUTGOING_QUEUE: usize = 64;
+/// While stdin waits for the process, how often the client is pinged to learn whether it
+/// is still there.
+const PEER_PROBE_INTERVAL: Duration = Duration::from_secs(2);
+/// The largest message (and frame) a client may send.
+pub const MAX_MESSAGE: usize = 1024 * 1024;
 /// How long the last messages and the close may take to go out.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -174,7 +184,13 @@ impl Session {
         });
         let (sink, mut incoming) = socket.split();
         let (outgoing, outgoing_rx) = mpsc::channel(OUTGOING_QUEUE);
-        let writer = tokio::spawn(write_messages(sink, outgoing_rx, activity.clone()));
+        let gone = CancellationToken::new();
+        let writer = tokio::spawn(write_messages(
+            sink,
+            outgoing_rx,
+            activity.clone(),
+            gone.clone(),
+        ));
 
         let output = |channel| -> Arc<dyn AsyncOutput> {
             Arc::new(ChannelOutput {
@@ -183,10 +199,8 @@ impl Session {
                 outgoing: outgoing.clone(),
             })
         };
-        let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(32);
+        let (stdin_tx, stdin_rx) = ConnectionBudget::default().stream(STREAM_INPUT_LIMIT);
         let (resize_tx, resize_rx) = mpsc::channel::<TerminalSize>(8);
-        let mut stdin_tx = options.stdin.then_some(stdin_tx);
-        let resize_tx = options.tty.then_some(resize_tx);
         let io = ProcessIo {
             stdin: options.stdin.then_some(stdin_rx),
             stdout: options.stdout.then(|| output(STDOUT)),
@@ -207,36 +221,25 @@ impl Session {
         let cancel = shutdown.child_token();
         let run = command.run(runtime.as_ref(), io, cancel.clone());
         tokio::pin!(run);
-        let mut client_gone = false;
-        let outcome = loop {
-            tokio::select! {
-                outcome = &mut run => break outcome,
-                message = incoming.next(), if !client_gone => match message {
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
-                        client_gone = true;
-                        stdin_tx = None;
-                        cancel.cancel();
-                    }
-                    Some(Ok(message)) => {
-                        activity.touch();
-                        let Some(decoded) = protocol.decode(message) else { continue };
-                        match decoded {
-                            Ok((channel, data)) => {
-                                route(channel, data, protocol, &mut stdin_tx, resize_tx.as_ref()).await;
-                            }
-                            Err(e) => tracing::debug!(error = %e, "bad websocket message"),
-                        }
-                    }
-                },
-                _ = activity.idle_for(idle_timeout), if !client_gone => {
-                    tracing::info!(timeout = ?idle_timeout, "closing an idle stream connection");
-                    client_gone = true;
-                    stdin_tx = None;
-                    cancel.cancel();
-                }
+        // The client's messages are read beside the command, so a read that waits for room
+        // on stdin never keeps the command's end from being seen.
+        let client = ClientInput {
+            protocol,
+            stdin: options.stdin.then_some(stdin_tx),
+            resize: options.tty.then_some(resize_tx),
+            activity: activity.clone(),
+            idle_timeout,
+            outgoing: outgoing.clone(),
+            gone,
+        };
+        let outcome = tokio::select! {
+            outcome = &mut run => outcome,
+            () = client.read(&mut incoming) => {
+                // The client hung up or went idle: stop the command.
+                cancel.cancel();
+                run.await
             }
         };
-        drop(stdin_tx);
         if let Outcome::Internal(message) = &outcome {
             tracing::warn!(?command, error = %message, "stream command failed");
         }
@@ -252,23 +255,95 @@ impl Session {
     }
 }
 
+/// Where the client's messages go while the command runs.
+struct ClientInput {
+    protocol: WsProtocol,
+    stdin: Option<InputSender>,
+    resize: Option<mpsc::Sender<TerminalSize>>,
+    activity: Arc<Activity>,
+    idle_timeout: Duration,
+    /// For pings that learn whether a client that is not read from is still there.
+    outgoing: mpsc::Sender<Message>,
+    /// Cancelled when a write to the client failed: it has gone.
+    gone: CancellationToken,
+}
+
+impl ClientInput {
+    /// Routes the client's messages until it hangs up, stays idle too long, or a write to
+    /// it fails.
+    async fn read(mut self, incoming: &mut futures::stream::SplitStream<WebSocket>) {
+        let gone = self.gone.clone();
+        tokio::select! {
+            () = self.route_messages(incoming) => {}
+            _ = gone.cancelled() => {}
+        }
+    }
+
+    async fn route_messages(&mut self, incoming: &mut futures::stream::SplitStream<WebSocket>) {
+        loop {
+            let message = tokio::select! {
+                message = incoming.next() => message,
+                _ = self.activity.idle_for(self.idle_timeout) => {
+                    tracing::info!(timeout = ?self.idle_timeout, "closing an idle stream connection");
+                    return;
+                }
+            };
+            let message = match message {
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(message)) => message,
+            };
+            self.activity.touch();
+            match self.protocol.decode(message) {
+                None => {}
+                Some(Ok((STDIN, data))) => self.deliver_stdin(data).await,
+                Some(Ok((channel, data))) => {
+                    route(
+                        channel,
+                        data,
+                        self.protocol,
+                        &mut self.stdin,
+                        self.resize.as_ref(),
+                    )
+                    .await;
+                }
+                Some(Err(e)) => tracing::debug!(error = %e, "bad websocket message"),
+            }
+        }
+    }
+
+    /// Queues stdin; while that waits for the process, pings the client now and then, so a
+    /// client that went away is noticed by the failing write.
+    async fn deliver_stdin(&mut self, data: Bytes) {
+        let Some(tx) = &self.stdin else { return };
+        if data.is_empty() {
+            return;
+        }
+        let probe = async {
+            loop {
+                tokio::time::sleep(PEER_PROBE_INTERVAL).await;
+                let _ = self.outgoing.try_send(Message::Ping(Bytes::new()));
+            }
+        };
+        let sent = tokio::select! {
+            sent = tx.send(data) => sent,
+            () = probe => Ok(()),
+        };
+        if sent.is_err() {
+            self.stdin = None;
+        }
+    }
+}
+
 /// Delivers a client message to its channel.
 async fn route(
     channel: u8,
     data: Bytes,
     protocol: WsProtocol,
-    stdin: &mut Option<mpsc::Sender<Bytes>>,
+    stdin: &mut Option<InputSender>,
     resize: Option<&mpsc::Sender<TerminalSize>>,
 ) {
+    // stdin has a path of its own: ClientInput::deliver_stdin.
     match channel {
-        STDIN => {
-            if let Some(tx) = stdin
-                && !data.is_empty()
-                && tx.send(data).await.is_err()
-            {
-                *stdin = None;
-            }
-        }
         RESIZE => {
             let Some(resize) = resize else { return };
             let sizes = serde_json::Deserializer::from_slice(&data).into_iter::<TerminalSize>();
@@ -297,13 +372,19 @@ async fn write_messages(
     mut sink: futures::stream::SplitSink<WebSocket, Message>,
     mut outgoing: mpsc::Receiver<Message>,
     activity: Arc<Activity>,
+    gone: CancellationToken,
 ) {
     while let Some(message) = outgoing.recv().await {
         let closing = matches!(message, Message::Close(_));
+        // Pings are not activity: the probes must not keep an idle session.
+        let ping = matches!(message, Message::Ping(_));
         if sink.send(message).await.is_err() {
+            gone.cancel();
             return;
         }
-        activity.touch();
+        if !ping {
+            activity.touch();
+        }
         if closing {
             break;
         }
@@ -357,5 +438,69 @@ mod tests {
         assert!(b64.decode(Message::Text("0!!".into())).unwrap().is_err());
         assert!(raw.decode(Message::Text("0".into())).unwrap().is_err());
         assert!(raw.decode(Message::Binary(Bytes::new())).is_none());
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_protocol() -> impl Strategy<Value = WsProtocol> {
+        prop::sample::select(WsProtocol::NAMES.to_vec())
+            .prop_map(|name| WsProtocol::from_name(name).unwrap_or_else(WsProtocol::fallback))
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzz_config())]
+
+        #[test]
+        fn any_client_message_decodes_or_is_refused(
+            protocol in any_protocol(),
+            bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+            text in ".{0,512}",
+        ) {
+            for message in [Message::Binary(bytes.clone().into()), Message::Text(text.clone().into())] {
+                if let Some(Ok((channel, data))) = protocol.decode(message) {
+                    prop_assert!(data.len() <= bytes.len().max(text.len()));
+                    if !protocol.base64 {
+                        prop_assert_eq!(channel, bytes[0]);
+                        prop_assert_eq!(&data[..], &bytes[1..]);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn what_crius_encodes_decodes_to_the_same(
+            protocol in any_protocol(),
+            channel in 0u8..5,
+            data in proptest::collection::vec(any::<u8>(), 0..2048),
+        ) {
+            let decoded = protocol.decode(protocol.encode(channel, &data));
+            let (got_channel, got) = decoded.unwrap().unwrap();
+            prop_assert_eq!(got_channel, channel);
+            prop_assert_eq!(&got[..], &data[..]);
+        }
+
+        #[test]
+        fn any_routed_message_leaves_the_session_sound(
+            protocol in any_protocol(),
+            messages in proptest::collection::vec((any::<u8>(), proptest::collection::vec(any::<u8>(), 0..256)), 0..32),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            runtime.block_on(async {
+                let (stdin_tx, mut stdin_rx) = ConnectionBudget::default().stream(STREAM_INPUT_LIMIT);
+                let (resize_tx, mut resize_rx) = mpsc::channel(64);
+                let mut stdin = Some(stdin_tx);
+                for (channel, data) in messages {
+                    route(channel, Bytes::from(data), protocol, &mut stdin, Some(&resize_tx)).await;
+                    while resize_rx.try_recv().is_ok() {}
+                }
+                drop(stdin);
+                // Nothing but stdin's own messages reach stdin: route never writes there.
+                assert!(stdin_rx.recv().await.is_none());
+            });
+        }
     }
 }

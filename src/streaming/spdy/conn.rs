@@ -1,8 +1,10 @@
 //! A server-side SPDY/3.1 connection: the client opens streams, crius answers them.
 //!
 //! One reader task decodes frames and routes them: `SYN_STREAM` becomes a new
-//! [`SpdyStream`] (answered with `SYN_REPLY`), `DATA` goes to the stream's input, `FIN` and
-//! `RST_STREAM` end that input, `PING` is echoed. One writer task encodes the frames every
+//! [`SpdyStream`] (answered with `SYN_REPLY`, or refused past the connection's stream
+//! limit), `DATA` goes to the stream's input (bounded in bytes per stream and per
+//! connection, see [`crate::streaming::input`]), `FIN` and `RST_STREAM` end that input,
+//! `PING` is echoed. One writer task encodes the frames every
 //! stream output queues, in order. Flow control is not done: the Go peers do none either.
 //! Both tasks end when the peer goes away, on an I/O or protocol error, after the idle
 //! timeout, or on [`SpdyConnection::close`]; every stream's input ends with them.
@@ -21,20 +23,23 @@ use tokio::time::Instant;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
+use crate::streaming::input::{ConnectionBudget, Input, InputSender, STREAM_INPUT_LIMIT};
+
 use super::frame::{
     FLAG_FIN, Frame, Headers, RST_CANCEL, RST_PROTOCOL_ERROR, RST_REFUSED_STREAM, SpdyCodec,
 };
 
 /// Frames queued for the writer before senders wait.
 const OUTGOING_QUEUE: usize = 64;
-/// Data chunks queued per stream input before the reader waits.
-const INCOMING_QUEUE: usize = 32;
 /// Streams the handler has not taken yet.
 const NEW_STREAM_QUEUE: usize = 64;
 /// Output is cut into frames of at most this size.
 const MAX_DATA_FRAME: usize = 64 * 1024;
 /// After our GOAWAY, how long the peer has to hang up before the connection is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// While the reader waits for room in a stream's input, how often it pings the client to
+/// learn whether it is still there.
+const PEER_PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The write side of a stream has gone: the connection closed or the peer reset it.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +51,8 @@ pub struct SpdyStream {
     pub id: u32,
     pub headers: Headers,
     /// Data from the client; ends at its FIN or reset, or when the connection closes.
-    pub input: mpsc::Receiver<Bytes>,
+    /// Dropping it refuses whatever the client sends on the stream from then on.
+    pub input: Input,
     pub output: StreamOutput,
 }
 
@@ -128,13 +134,17 @@ impl StreamOutput {
 
 /// What the reader knows of an open stream.
 struct StreamEntry {
-    input: mpsc::Sender<Bytes>,
+    input: InputSender,
     reset: CancellationToken,
 }
 
 struct Shared {
     outgoing: mpsc::Sender<Frame>,
     streams: Mutex<HashMap<u32, StreamEntry>>,
+    /// Streams open at once; more are refused.
+    max_streams: usize,
+    /// What the streams' unread input may hold together.
+    budget: ConnectionBudget,
     /// Cancelled when the connection is gone.
     closed: CancellationToken,
     /// Milliseconds since `started` of the last frame in either direction.
@@ -171,8 +181,9 @@ pub struct SpdyConnection {
 }
 
 impl SpdyConnection {
-    /// Starts serving `io`. A connection with no frames either way for `idle_timeout` closes.
-    pub fn new<T>(io: T, idle_timeout: Duration) -> Self
+    /// Starts serving `io`. A connection with no frames either way for `idle_timeout` closes;
+    /// streams past `max_streams` open at once are refused.
+    pub fn new<T>(io: T, idle_timeout: Duration, max_streams: usize) -> Self
     where
         T: AsyncRead + AsyncWrite + Send + 'static,
     {
@@ -182,6 +193,8 @@ impl SpdyConnection {
         let shared = Arc::new(Shared {
             outgoing,
             streams: Mutex::new(HashMap::new()),
+            max_streams,
+            budget: ConnectionBudget::default(),
             closed: CancellationToken::new(),
             last_activity: AtomicU64::new(0),
             started: Instant::now(),
@@ -281,12 +294,16 @@ async fn write_frames<W>(
             _ = shared.closed.cancelled() => return,
         };
         let Some(frame) = frame else { break };
+        // Pings are not activity: the server's probes must not keep an idle connection.
+        let activity = !matches!(frame, Frame::Ping { .. });
         if let Err(e) = sink.send(frame).await {
             tracing::debug!(error = %e, "SPDY write failed");
             shared.closed.cancel();
             return;
         }
-        shared.touch();
+        if activity {
+            shared.touch();
+        }
     }
     // Closing: what was queued before the close still goes out, GOAWAY last.
     while let Ok(frame) = outgoing.try_recv() {
@@ -418,13 +435,14 @@ async fn open_stream(
         let _ = shared.outgoing.send(rst(RST_REFUSED_STREAM)).await;
         return true;
     };
-    let (input_tx, input) = mpsc::channel(INCOMING_QUEUE);
+    let (input_tx, input) = shared.budget.stream(STREAM_INPUT_LIMIT);
     let reset = CancellationToken::new();
-    let duplicate = {
+    let (duplicate, full) = {
         let mut streams = shared.streams.lock().unwrap_or_else(|p| p.into_inner());
         let duplicate = streams.contains_key(&stream_id);
+        let full = streams.len() >= shared.max_streams;
         // A SYN_STREAM with FIN opens a stream the client will never write to.
-        if !duplicate && flags & FLAG_FIN == 0 {
+        if !duplicate && !full && flags & FLAG_FIN == 0 {
             streams.insert(
                 stream_id,
                 StreamEntry {
@@ -433,8 +451,13 @@ async fn open_stream(
                 },
             );
         }
-        duplicate
+        (duplicate, full)
     };
+    if full && !duplicate {
+        tracing::debug!(stream_id, "too many streams on one connection; refused");
+        let _ = shared.outgoing.send(rst(RST_REFUSED_STREAM)).await;
+        return true;
+    }
     if duplicate {
         let _ = shared.outgoing.send(rst(RST_PROTOCOL_ERROR)).await;
         return false;
@@ -476,13 +499,15 @@ async fn deliver_data(stream_id: u32, flags: u8, data: Bytes, shared: &Arc<Share
         .unwrap_or_else(|p| p.into_inner())
         .get(&stream_id)
         .map(|entry| entry.input.clone());
-    // Data for a stream that is gone (reset, or never opened) is dropped.
+    // Data for a stream that is gone (reset, never opened, or whose input nobody reads) is
+    // dropped.
     if let Some(input) = input
         && !data.is_empty()
     {
         let delivered = tokio::select! {
             sent = input.send(data) => sent.is_ok(),
             _ = shared.closed.cancelled() => return,
+            () = probe_peer(shared) => return,
         };
         if !delivered {
             // The handler dropped the stream's input: it wants no more.
@@ -492,6 +517,19 @@ async fn deliver_data(stream_id: u32, flags: u8, data: Bytes, shared: &Arc<Share
     }
     if flags & FLAG_FIN != 0 {
         shared.forget(stream_id);
+    }
+}
+
+/// Pings the client now and then while the reader waits for room in a stream's input and
+/// so does not see the client hang up: to a client that has gone, a write fails, which
+/// closes the connection and ends the wait. Never resolves by itself.
+async fn probe_peer(shared: &Shared) {
+    // The server's pings have even ids.
+    let mut id = 0u32;
+    loop {
+        tokio::time::sleep(PEER_PROBE_INTERVAL).await;
+        id = id.wrapping_add(2).max(2);
+        let _ = shared.outgoing.try_send(Frame::Ping { id });
     }
 }
 
@@ -533,7 +571,7 @@ mod tests {
         let (server, client) = tokio::io::duplex(1 << 16);
         let (read, write) = tokio::io::split(client);
         (
-            SpdyConnection::new(server, idle),
+            SpdyConnection::new(server, idle, 8),
             Client {
                 read: FramedRead::new(read, SpdyCodec::new()),
                 write: FramedWrite::new(write, SpdyCodec::new()),
@@ -643,6 +681,78 @@ mod tests {
         assert_eq!(client.next().await, None, "the server hung up its side");
         drop(client);
         closing.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn streams_past_the_limit_are_refused() {
+        let (mut conn, mut client) = pair(Duration::from_secs(60));
+        let mut accepted = Vec::new();
+        for i in 0..8u32 {
+            client.open(2 * i + 1, "data").await;
+            accepted.push(conn.accept().await.unwrap());
+            assert!(matches!(client.next().await, Some(Frame::SynReply { .. })));
+        }
+        client.open(17, "data").await;
+        assert_eq!(
+            client.next().await,
+            Some(Frame::RstStream {
+                stream_id: 17,
+                status: RST_REFUSED_STREAM
+            })
+        );
+        assert_eq!(conn.open_streams(), 8);
+    }
+
+    #[tokio::test]
+    async fn input_nobody_reads_is_refused_without_stopping_the_connection() {
+        let (mut conn, mut client) = pair(Duration::from_secs(60));
+        client.open(1, "error").await;
+        let stream = conn.accept().await.unwrap();
+        client.next().await;
+        drop(stream.input);
+        // Far more than any stream or connection may hold.
+        for _ in 0..64 {
+            client
+                .send(Frame::Data {
+                    stream_id: 1,
+                    flags: 0,
+                    data: Bytes::from(vec![0u8; 512 * 1024]),
+                })
+                .await;
+        }
+        client.send(Frame::Ping { id: 5 }).await;
+        assert_eq!(client.next().await, Some(Frame::Ping { id: 5 }));
+        assert_eq!(conn.open_streams(), 0, "the unread stream was forgotten");
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_is_not_read_holds_only_its_limit() {
+        let (mut conn, mut client) = pair(Duration::from_secs(60));
+        client.open(1, "stdin").await;
+        let mut stream = conn.accept().await.unwrap();
+        client.next().await;
+        let sender = tokio::spawn(async move {
+            for _ in 0..16 {
+                client
+                    .send(Frame::Data {
+                        stream_id: 1,
+                        flags: 0,
+                        data: Bytes::from(vec![7u8; 64 * 1024]),
+                    })
+                    .await;
+            }
+            client
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !sender.is_finished(),
+            "the reader took more than the stream may hold"
+        );
+        let mut read = 0;
+        while read < 16 * 64 * 1024 {
+            read += stream.input.recv().await.unwrap().len();
+        }
+        let _client = sender.await.unwrap();
     }
 
     #[tokio::test]
