@@ -282,6 +282,9 @@ pub struct ImageConfig {
     pub sandbox_image: String,
     #[serde(with = "duration_str")]
     pub pull_progress_timeout: Duration,
+    /// The slowest average, in bytes a second, a whole pull may have over the sizes its
+    /// manifest promised, on top of `pull_progress_timeout`. 0: no overall limit.
+    pub pull_min_rate: u64,
     pub max_concurrent_downloads: usize,
 }
 
@@ -290,6 +293,7 @@ impl Default for ImageConfig {
         Self {
             sandbox_image: String::new(),
             pull_progress_timeout: Duration::from_secs(5 * 60),
+            pull_min_rate: 16 * 1024,
             max_concurrent_downloads: 3,
         }
     }
@@ -622,8 +626,12 @@ cache_dir = "/var/lib/cni"
 [image]
 # The pause image for pod sandboxes. Empty: crius's built-in pause image.
 sandbox_image = ""
-# A pull that makes no progress for this long is cancelled.
+# A pull that makes no useful progress (32 KiB of a layer, or a blob done) for this long
+# is cancelled.
 pull_progress_timeout = "5m"
+# A whole pull may take pull_progress_timeout plus its promised bytes at this many bytes a
+# second (at most 24 h). 0: no overall limit.
+pull_min_rate = 16384
 max_concurrent_downloads = 3
 
 [registry]
@@ -724,6 +732,7 @@ conf_template = ""
 [image]
 sandbox_image = ""
 pull_progress_timeout = "5m"
+pull_min_rate = 16384
 max_concurrent_downloads = 3
 [registry]
 config_path = ""

@@ -713,7 +713,14 @@ async fn a_registry_that_never_stops_sending_is_cut_off_and_gets_no_foreign_cred
 async fn a_registry_that_trickles_or_crawls_is_cut_off() {
     let evil = EvilRegistry::start().await;
     let progress_timeout = Duration::from_secs(2);
-    let crius = Crius::start_with(|c| c.image.pull_progress_timeout = progress_timeout, &[]).await;
+    let crius = Crius::start_with(
+        |c| {
+            c.image.pull_progress_timeout = progress_timeout;
+            c.image.pull_min_rate = 64 * 1024;
+        },
+        &[],
+    )
+    .await;
     let mut client = crius.client().await;
     // 2 s for the stall; the crawl's overall limit is 2 s + 512 KiB at 64 KiB/s = 10 s,
     // where finishing at its rate would take 16 s.
@@ -950,10 +957,10 @@ async fn floods_on_exec_streams_are_held_to_bytes_and_leave_nothing_behind() {
         open_fds(&crius)
     );
 
-    // A WebSocket message larger than 1 MiB closes the session.
+    // A WebSocket message larger than 16 MiB closes the session.
     let url = quiet_exec_url(&mut pod, &id).await;
     let (mut socket, _) = websocket(&url, &["v5.channel.k8s.io"]).await;
-    let mut huge = vec![b'x'; 2 * 1024 * 1024];
+    let mut huge = vec![b'x'; 17 * 1024 * 1024];
     huge[0] = 0;
     let _ = socket.send(WsMessage::Binary(huge.into())).await;
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
@@ -965,7 +972,7 @@ async fn floods_on_exec_streams_are_held_to_bytes_and_leave_nothing_behind() {
         }
     })
     .await;
-    assert!(ended.is_ok(), "a 2 MiB message did not end the session");
+    assert!(ended.is_ok(), "a 17 MiB message did not end the session");
     assert!(
         common::eventually(Duration::from_secs(30), || async {
             task_processes(&crius, &id) == 1

@@ -29,7 +29,7 @@ const EXEC_DRAIN: Duration = Duration::from_millis(500);
 /// How long a killed exec gets to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 /// How long connecting to a pod port may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl CriService {
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecResponse, Status> {

@@ -47,8 +47,6 @@ const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
 const WATCH_TICK: Duration = Duration::from_millis(250);
 /// New layer bytes that count as progress for the stall timeout.
 const USEFUL_BYTES: u64 = 32 * 1024;
-/// The slowest average a whole pull may have, over the bytes its documents promised.
-const MIN_PULL_RATE: u64 = 64 * 1024;
 
 /// Why a pull failed, with the gRPC code it maps to. Cloneable: shared by joined pulls.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -76,9 +74,7 @@ enum PullError {
     Corrupt(String),
     #[error("no progress for {0:?}; cancelled")]
     Stalled(Duration),
-    #[error(
-        "not done within {limit:?}, the most a pull of {bytes} bytes may take (at least 64 KiB/s); cancelled"
-    )]
+    #[error("not done within {limit:?}, the most a pull of {bytes} bytes may take; cancelled")]
     TooSlow { limit: Duration, bytes: u64 },
     #[error("cancelled: every caller's deadline passed")]
     Cancelled,
@@ -183,12 +179,13 @@ impl Progress {
     }
 
     /// Sets the overall deadline once the documents say how many bytes are to come: the
-    /// progress timeout plus the promised bytes at [`MIN_PULL_RATE`], from the start.
-    fn promise(&self, bytes: u64, progress_timeout: Duration) -> Duration {
-        let limit = overall_limit(bytes, progress_timeout);
+    /// progress timeout plus the promised bytes at `min_rate`, from the start. No deadline
+    /// with a rate of 0.
+    fn promise(&self, bytes: u64, progress_timeout: Duration, min_rate: u64) -> Option<Duration> {
+        let limit = overall_limit(bytes, progress_timeout, min_rate)?;
         let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
         self.deadline.store(ms, Ordering::Relaxed);
-        limit
+        Some(limit)
     }
 
     fn idle(&self) -> Duration {
@@ -234,9 +231,9 @@ impl Progress {
 
 /// How long a pull of `bytes` may take in all.
 /// Never more than the pull's lease lives: sizes a registry claims are not to be trusted.
-fn overall_limit(bytes: u64, progress_timeout: Duration) -> Duration {
-    let transfer = Duration::from_secs(bytes / MIN_PULL_RATE);
-    progress_timeout.saturating_add(transfer).min(LEASE_EXPIRY)
+fn overall_limit(bytes: u64, progress_timeout: Duration, min_rate: u64) -> Option<Duration> {
+    let transfer = Duration::from_secs(bytes.checked_div(min_rate)?);
+    Some(progress_timeout.saturating_add(transfer).min(LEASE_EXPIRY))
 }
 
 /// Why a pull stops before it is done.
@@ -279,6 +276,8 @@ pub struct ImagePuller {
     registry: RegistryConfig,
     max_downloads: usize,
     progress_timeout: Duration,
+    /// Bytes a second a whole pull must average; 0: no overall limit.
+    min_rate: u64,
     http: HttpClients,
     in_flight: Mutex<HashMap<String, InFlight>>,
 }
@@ -290,6 +289,7 @@ impl ImagePuller {
         registry: RegistryConfig,
         max_downloads: usize,
         progress_timeout: Duration,
+        min_rate: u64,
     ) -> Arc<Self> {
         Arc::new(Self {
             containerd,
@@ -297,6 +297,7 @@ impl ImagePuller {
             registry,
             max_downloads: max_downloads.max(1),
             progress_timeout,
+            min_rate,
             http: HttpClients::default(),
             in_flight: Mutex::new(HashMap::new()),
         })
@@ -474,10 +475,10 @@ impl ImagePuller {
             .map(|l| u64::try_from(l.size).unwrap_or(0))
             .fold(0u64, u64::saturating_add);
         progress.bytes_total.store(promised, Ordering::Relaxed);
-        let limit = progress.promise(promised, self.progress_timeout);
+        let limit = progress.promise(promised, self.progress_timeout, self.min_rate);
         tracing::debug!(
             elapsed_ms = progress.started.elapsed().as_millis() as u64,
-            limit_ms = limit.as_millis() as u64,
+            limit_ms = limit.map(|l| l.as_millis() as u64),
             "documents fetched"
         );
 
@@ -895,19 +896,21 @@ mod tests {
     #[test]
     fn the_overall_limit_follows_the_promised_bytes_and_is_capped() {
         let timeout = Duration::from_secs(60);
-        assert_eq!(overall_limit(0, timeout), timeout);
+        let rate = 64 * 1024;
+        assert_eq!(overall_limit(0, timeout, rate), Some(timeout));
         assert_eq!(
-            overall_limit(10 * MIN_PULL_RATE, timeout),
-            timeout + Duration::from_secs(10)
+            overall_limit(10 * rate, timeout, rate),
+            Some(timeout + Duration::from_secs(10))
         );
-        assert_eq!(overall_limit(u64::MAX, timeout), LEASE_EXPIRY);
+        assert_eq!(overall_limit(u64::MAX, timeout, rate), Some(LEASE_EXPIRY));
+        assert_eq!(overall_limit(u64::MAX, timeout, 0), None, "0: no limit");
         let progress = Progress::new();
         assert_eq!(
             progress.past_deadline(),
             None,
             "no deadline before the promise"
         );
-        progress.promise(0, Duration::ZERO);
+        progress.promise(0, Duration::ZERO, rate);
         std::thread::sleep(Duration::from_millis(5));
         assert!(progress.past_deadline().is_some());
     }

@@ -132,6 +132,7 @@ impl CriService {
             config.registry.clone(),
             config.image.max_concurrent_downloads,
             config.image.pull_progress_timeout,
+            config.image.pull_min_rate,
         );
         let mut pinned_images = std::collections::HashSet::new();
         let sandbox_image = if config.image.sandbox_image.is_empty() {

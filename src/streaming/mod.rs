@@ -7,6 +7,7 @@
 //! to the pod's port. See `STREAMING` in the docs for the wire protocol.
 
 pub mod input;
+mod peer;
 mod portforward;
 mod remotecommand;
 mod server;

@@ -2,9 +2,11 @@
 //! `error` and a `data` stream with the same `requestID` and a `port`; crius connects to
 //! that port in the pod and copies both ways.
 //!
-//! One connection forwards at most [`MAX_FORWARDS`] connections at once, and connecting
-//! into pods (a thread each, to enter the pod's network namespace) is bounded across the
-//! whole stream server by the [`Connecting`] limit it shares.
+//! One connection forwards at most [`MAX_FORWARDS`] connections at once; past that, a new
+//! pair is reset without a message (a message on the error stream would make kubectl end
+//! the whole port-forward). Connecting into pods (a thread each, to enter the pod's
+//! network namespace) is bounded per connection and across the whole stream server by the
+//! [`Connecting`] limit it shares, and a connect waits for its turn only so long.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -27,12 +29,17 @@ const PAIR_TIMEOUT: Duration = Duration::from_secs(30);
 const CLIENT_DRAIN: Duration = Duration::from_secs(1);
 const READ_BUFFER: usize = 32 * 1024;
 /// Connections one port-forward connection forwards at once.
-pub const MAX_FORWARDS: usize = 64;
+pub const MAX_FORWARDS: usize = 128;
 /// Streams one port-forward connection may have open: two per forward, and pairs the
 /// client has half opened.
 pub const MAX_STREAMS: usize = 2 * MAX_FORWARDS + 8;
 /// Connects into pods in flight across the whole stream server.
 pub const MAX_CONNECTING: usize = 16;
+/// Connects into pods in flight for one port-forward connection, so one client with a pod
+/// that never answers cannot take every place.
+const MAX_CONNECTING_PER_CONNECTION: usize = 4;
+/// How long a connect waits for a place before it fails.
+const CONNECT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The stream server's bound on connects in flight, shared by every connection.
 #[derive(Clone)]
@@ -60,6 +67,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let mut pending: HashMap<String, PendingPair> = HashMap::new();
+    let mine = Arc::new(Semaphore::new(MAX_CONNECTING_PER_CONNECTION));
     let mut forwards = JoinSet::new();
     let mut sweep = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -73,9 +81,12 @@ pub async fn serve(
                     }
                     let runtime = runtime.clone();
                     let sandbox_id = sandbox_id.clone();
-                    let connecting = connecting.clone();
+                    let places = Places {
+                        server: connecting.clone(),
+                        connection: mine.clone(),
+                    };
                     forwards.spawn(async move {
-                        forward(runtime, &sandbox_id, &connecting, error, data).await;
+                        forward(runtime, &sandbox_id, &places, error, data).await;
                     });
                 }
             }
@@ -136,15 +147,13 @@ async fn pair_up(
     None
 }
 
-/// Turns a forward away: the connection already forwards as many as it may.
+/// Turns a forward away: the connection already forwards as many as it may. Both streams
+/// are reset without a message, so the client drops this one connection only.
 async fn refuse(error: StreamOutput, data: StreamOutput) {
     tracing::debug!(
         limit = MAX_FORWARDS,
         "too many forwarded connections on one port-forward connection"
     );
-    let message = format!("more than {MAX_FORWARDS} forwarded connections at once");
-    let _ = error.write(message.into()).await;
-    error.close().await;
     data.reset().await;
     error.reset().await;
 }
@@ -175,7 +184,7 @@ async fn expire_pairs(pending: &mut HashMap<String, PendingPair>) {
 async fn forward(
     runtime: Arc<dyn StreamRuntime>,
     sandbox_id: &str,
-    connecting: &Connecting,
+    places: &Places,
     error: SpdyStream,
     mut data: SpdyStream,
 ) {
@@ -189,7 +198,7 @@ async fn forward(
             "invalid port {:?}",
             header(&data.headers, "port").unwrap_or_default()
         )),
-        Some(port) => match connect(runtime.clone(), sandbox_id, port, connecting).await {
+        Some(port) => match connect(runtime.clone(), sandbox_id, port, places).await {
             Ok(tcp) => copy_both_ways(tcp, &mut data).await,
             Err(e) => Err(format!(
                 "failed to connect to localhost:{port} in sandbox {sandbox_id}: {e}"
@@ -211,24 +220,42 @@ async fn forward(
     }
 }
 
-/// Connects to the pod's port once the server-wide connect limit lets it. The connect runs
-/// in a task of its own that holds its permit to the end, so a forward that is dropped
-/// meanwhile does not free a place while its connect thread still runs.
+/// Where a forward may connect: a place of its connection's and one of the server's.
+struct Places {
+    server: Connecting,
+    connection: Arc<Semaphore>,
+}
+
+impl Places {
+    async fn take(&self) -> Result<[OwnedSemaphorePermit; 2], RuntimeError> {
+        let take = async {
+            let mine = self.connection.clone().acquire_owned().await?;
+            let server = self.server.0.clone().acquire_owned().await?;
+            Ok::<_, tokio::sync::AcquireError>([mine, server])
+        };
+        match tokio::time::timeout(CONNECT_QUEUE_TIMEOUT, take).await {
+            Ok(Ok(permits)) => Ok(permits),
+            Ok(Err(_)) => Err(RuntimeError::new("the stream server is stopping")),
+            Err(_) => Err(RuntimeError::new(format!(
+                "too many port-forward connects in flight; none finished within {CONNECT_QUEUE_TIMEOUT:?}"
+            ))),
+        }
+    }
+}
+
+/// Connects to the pod's port once the connect limits let it. The connect runs in a task
+/// of its own that holds its places to the end, so a forward that is dropped meanwhile does
+/// not free a place while its connect thread still runs.
 async fn connect(
     runtime: Arc<dyn StreamRuntime>,
     sandbox_id: &str,
     port: u16,
-    connecting: &Connecting,
+    places: &Places,
 ) -> Result<tokio::net::TcpStream, RuntimeError> {
-    let permit = connecting
-        .0
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| RuntimeError::new("the stream server is stopping"))?;
+    let permits = places.take().await?;
     let sandbox_id = sandbox_id.to_string();
     tokio::spawn(async move {
-        let _permit = permit;
+        let _permits = permits;
         runtime.port_forward(&sandbox_id, port).await
     })
     .await
@@ -290,7 +317,6 @@ async fn copy_both_ways(tcp: tokio::net::TcpStream, data: &mut SpdyStream) -> Re
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use bytes::Bytes;
     use futures::{SinkExt, StreamExt};
     use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -358,7 +384,7 @@ mod tests {
             most_in_flight: AtomicUsize::new(0),
         });
         let (server, client) = tokio::io::duplex(1 << 20);
-        let conn = SpdyConnection::new(server, Duration::from_secs(60), MAX_STREAMS);
+        let conn = SpdyConnection::new(server, Duration::from_secs(60), MAX_STREAMS, None);
         let serving = tokio::spawn(serve(
             conn,
             "pod".into(),
@@ -388,31 +414,40 @@ mod tests {
                     .unwrap();
             }
         }
-        // The last pair is turned away on its error stream.
+        // The last pair is turned away: both its streams reset, nothing on its error stream
+        // (kubectl would end the whole port-forward over a message there).
         let last_error = 4 * (pairs - 1) + 1;
-        let refusal = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut reset = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), async {
             while let Some(Ok(frame)) = read.next().await {
-                if let Frame::Data {
-                    stream_id, data, ..
-                } = frame
-                    && stream_id == last_error
-                    && !data.is_empty()
-                {
-                    return data;
+                match frame {
+                    Frame::RstStream { stream_id, .. } => {
+                        reset.push(stream_id);
+                        if reset.contains(&last_error) && reset.contains(&(last_error + 2)) {
+                            return;
+                        }
+                    }
+                    Frame::Data {
+                        stream_id, data, ..
+                    } => assert!(
+                        stream_id != last_error || data.is_empty(),
+                        "a message on the refused pair's error stream: {data:?}"
+                    ),
+                    _ => {}
                 }
             }
-            Bytes::new()
         })
         .await
-        .expect("a refusal in time");
+        .expect("the last pair reset in time");
         assert_eq!(
-            String::from_utf8_lossy(&refusal),
-            format!("more than {MAX_FORWARDS} forwarded connections at once")
+            reset.len(),
+            2,
+            "only the pair past the limit was reset: {reset:?}"
         );
         let most = runtime.most_in_flight.load(Ordering::SeqCst);
         assert!(
-            (2..=MAX_CONNECTING).contains(&most),
-            "{most} connects in flight at once"
+            (2..=MAX_CONNECTING_PER_CONNECTION).contains(&most),
+            "{most} connects in flight at once for one connection"
         );
         drop(write);
         drop(read);

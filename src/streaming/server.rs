@@ -2,6 +2,7 @@
 //! upgrading to SPDY/3.1 or WebSocket, and stopping within a bound.
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::peer::{PeerFd, PeerSocket};
 use super::remotecommand::{self, ChannelProtocol, Command, StdioOptions};
 use super::spdy::SpdyConnection;
 use super::websocket::{self, WsProtocol};
@@ -210,6 +212,8 @@ async fn serve_connection(
     tls: Option<TlsAcceptor>,
     router: Router,
 ) {
+    // Sessions watch the socket for a hang-up while they cannot read it.
+    let router = router.layer(axum::Extension(PeerFd(tcp.as_raw_fd())));
     match tls {
         None => serve_http(tcp, peer, router).await,
         Some(acceptor) => {
@@ -316,6 +320,7 @@ async fn port_forward(
         Err(refusal) => return refusal.into_response(),
     };
     let on_upgrade = hyper::upgrade::on(&mut request);
+    let peer = peer_socket(&request);
     let idle_timeout = state.idle_timeout;
     let runtime = state.runtime.clone();
     let connecting = state.connecting.clone();
@@ -327,6 +332,7 @@ async fn port_forward(
                     TokioIo::new(upgraded),
                     idle_timeout,
                     portforward::MAX_STREAMS,
+                    peer,
                 );
                 portforward::serve(conn, forward.pod_sandbox_id, runtime, connecting, shutdown)
                     .await;
@@ -355,6 +361,7 @@ async fn upgrade_remote_command(
         return plain(StatusCode::INTERNAL_SERVER_ERROR, "protocol mismatch");
     };
     let on_upgrade = hyper::upgrade::on(&mut request);
+    let peer = peer_socket(&request);
     let idle_timeout = state.idle_timeout;
     let runtime = state.runtime.clone();
     let shutdown = state.shutdown.clone();
@@ -365,6 +372,7 @@ async fn upgrade_remote_command(
                     TokioIo::new(upgraded),
                     idle_timeout,
                     remotecommand::MAX_STREAMS,
+                    peer,
                 );
                 remotecommand::serve(conn, version, options, command, runtime, shutdown).await;
             }
@@ -420,6 +428,15 @@ async fn upgrade_websocket(
     };
     let sessions = state.sessions.clone();
     upgrade.on_upgrade(move |socket| sessions.track_future(session.serve(socket)))
+}
+
+/// A duplicate of the client's socket, taken while its request is handled.
+fn peer_socket(request: &Request) -> Option<PeerSocket> {
+    request
+        .extensions()
+        .get::<PeerFd>()
+        .copied()
+        .and_then(PeerSocket::of_connection)
 }
 
 fn is_websocket(headers: &HeaderMap) -> bool {

@@ -36,8 +36,9 @@ const OUTGOING_QUEUE: usize = 64;
 /// While stdin waits for the process, how often the client is pinged to learn whether it
 /// is still there.
 const PEER_PROBE_INTERVAL: Duration = Duration::from_secs(2);
-/// The largest message (and frame) a client may send.
-pub const MAX_MESSAGE: usize = 1024 * 1024;
+/// The largest message (and frame) a client may send: clients send a whole stdin upload as
+/// one message (kubelet's own limit is 32 MiB).
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 /// How long the last messages and the close may take to go out.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -97,8 +98,9 @@ impl WsProtocol {
     fn decode(&self, message: Message) -> Option<Result<(u8, Bytes), String>> {
         match message {
             Message::Binary(bytes) if !self.base64 => {
-                let (&channel, data) = bytes.split_first()?;
-                Some(Ok((channel, Bytes::copy_from_slice(data))))
+                let &channel = bytes.first()?;
+                // A view, not a copy: stdin copies what it queues piece by piece.
+                Some(Ok((channel, bytes.slice(1..))))
             }
             Message::Text(text) if self.base64 => {
                 let (&digit, encoded) = text.as_bytes().split_first()?;

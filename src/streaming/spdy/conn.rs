@@ -24,6 +24,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
 use crate::streaming::input::{ConnectionBudget, Input, InputSender, STREAM_INPUT_LIMIT};
+use crate::streaming::peer::{self, PeerSocket};
 
 use super::frame::{
     FLAG_FIN, Frame, Headers, RST_CANCEL, RST_PROTOCOL_ERROR, RST_REFUSED_STREAM, SpdyCodec,
@@ -37,9 +38,6 @@ const NEW_STREAM_QUEUE: usize = 64;
 const MAX_DATA_FRAME: usize = 64 * 1024;
 /// After our GOAWAY, how long the peer has to hang up before the connection is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// While the reader waits for room in a stream's input, how often it pings the client to
-/// learn whether it is still there.
-const PEER_PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The write side of a stream has gone: the connection closed or the peer reset it.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +52,24 @@ pub struct SpdyStream {
     /// Dropping it refuses whatever the client sends on the stream from then on.
     pub input: Input,
     pub output: StreamOutput,
+    /// Counts the stream against the connection's limit while the handler holds it.
+    _slot: StreamSlot,
+}
+
+/// One of a connection's stream places, given back when the stream is dropped.
+struct StreamSlot(Arc<Shared>);
+
+impl StreamSlot {
+    fn take(shared: &Arc<Shared>) -> Self {
+        shared.live.fetch_add(1, Ordering::SeqCst);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Writes to one stream. Cheap to clone.
@@ -143,8 +159,13 @@ struct Shared {
     streams: Mutex<HashMap<u32, StreamEntry>>,
     /// Streams open at once; more are refused.
     max_streams: usize,
+    /// Streams handed out (or waiting to be) that the handler has not dropped: with their
+    /// headers, what a client's streams cost.
+    live: std::sync::atomic::AtomicUsize,
     /// What the streams' unread input may hold together.
     budget: ConnectionBudget,
+    /// The client's socket, to see it hang up while the reader waits for room.
+    peer: Option<PeerSocket>,
     /// Cancelled when the connection is gone.
     closed: CancellationToken,
     /// Milliseconds since `started` of the last frame in either direction.
@@ -182,8 +203,14 @@ pub struct SpdyConnection {
 
 impl SpdyConnection {
     /// Starts serving `io`. A connection with no frames either way for `idle_timeout` closes;
-    /// streams past `max_streams` open at once are refused.
-    pub fn new<T>(io: T, idle_timeout: Duration, max_streams: usize) -> Self
+    /// streams past `max_streams` open at once are refused. `peer` is the client's socket
+    /// under `io`, when crius has it.
+    pub fn new<T>(
+        io: T,
+        idle_timeout: Duration,
+        max_streams: usize,
+        peer: Option<PeerSocket>,
+    ) -> Self
     where
         T: AsyncRead + AsyncWrite + Send + 'static,
     {
@@ -194,7 +221,9 @@ impl SpdyConnection {
             outgoing,
             streams: Mutex::new(HashMap::new()),
             max_streams,
+            live: std::sync::atomic::AtomicUsize::new(0),
             budget: ConnectionBudget::default(),
+            peer,
             closed: CancellationToken::new(),
             last_activity: AtomicU64::new(0),
             started: Instant::now(),
@@ -294,16 +323,12 @@ async fn write_frames<W>(
             _ = shared.closed.cancelled() => return,
         };
         let Some(frame) = frame else { break };
-        // Pings are not activity: the server's probes must not keep an idle connection.
-        let activity = !matches!(frame, Frame::Ping { .. });
         if let Err(e) = sink.send(frame).await {
             tracing::debug!(error = %e, "SPDY write failed");
             shared.closed.cancel();
             return;
         }
-        if activity {
-            shared.touch();
-        }
+        shared.touch();
     }
     // Closing: what was queued before the close still goes out, GOAWAY last.
     while let Ok(frame) = outgoing.try_recv() {
@@ -440,7 +465,10 @@ async fn open_stream(
     let (duplicate, full) = {
         let mut streams = shared.streams.lock().unwrap_or_else(|p| p.into_inner());
         let duplicate = streams.contains_key(&stream_id);
-        let full = streams.len() >= shared.max_streams;
+        // Streams the handler holds count, and so do the routes to streams it let go of
+        // whose client has not ended them yet (at twice the limit).
+        let full = shared.live.load(Ordering::SeqCst) >= shared.max_streams
+            || streams.len() >= 2 * shared.max_streams;
         // A SYN_STREAM with FIN opens a stream the client will never write to.
         if !duplicate && !full && flags & FLAG_FIN == 0 {
             streams.insert(
@@ -483,8 +511,13 @@ async fn open_stream(
             shared: shared.clone(),
             reset,
         },
+        _slot: StreamSlot::take(shared),
     };
-    if sender.send(stream).await.is_err() {
+    let taken = tokio::select! {
+        sent = sender.send(stream) => sent.is_ok(),
+        _ = shared.closed.cancelled() => return false,
+    };
+    if !taken {
         // Nobody takes streams any more.
         shared.forget(stream_id);
         let _ = shared.outgoing.send(rst(RST_REFUSED_STREAM)).await;
@@ -507,7 +540,11 @@ async fn deliver_data(stream_id: u32, flags: u8, data: Bytes, shared: &Arc<Share
         let delivered = tokio::select! {
             sent = input.send(data) => sent.is_ok(),
             _ = shared.closed.cancelled() => return,
-            () = probe_peer(shared) => return,
+            () = peer::hang_up(shared.peer.as_ref()) => {
+                tracing::debug!(stream_id, "the client hung up while its input waited");
+                shared.closed.cancel();
+                return;
+            }
         };
         if !delivered {
             // The handler dropped the stream's input: it wants no more.
@@ -517,19 +554,6 @@ async fn deliver_data(stream_id: u32, flags: u8, data: Bytes, shared: &Arc<Share
     }
     if flags & FLAG_FIN != 0 {
         shared.forget(stream_id);
-    }
-}
-
-/// Pings the client now and then while the reader waits for room in a stream's input and
-/// so does not see the client hang up: to a client that has gone, a write fails, which
-/// closes the connection and ends the wait. Never resolves by itself.
-async fn probe_peer(shared: &Shared) {
-    // The server's pings have even ids.
-    let mut id = 0u32;
-    loop {
-        tokio::time::sleep(PEER_PROBE_INTERVAL).await;
-        id = id.wrapping_add(2).max(2);
-        let _ = shared.outgoing.try_send(Frame::Ping { id });
     }
 }
 
@@ -571,7 +595,7 @@ mod tests {
         let (server, client) = tokio::io::duplex(1 << 16);
         let (read, write) = tokio::io::split(client);
         (
-            SpdyConnection::new(server, idle, 8),
+            SpdyConnection::new(server, idle, 8, None),
             Client {
                 read: FramedRead::new(read, SpdyCodec::new()),
                 write: FramedWrite::new(write, SpdyCodec::new()),

@@ -29,7 +29,7 @@ const MAX_LENGTH: usize = (1 << 24) - 1;
 /// bounded below that; a peer announcing more is refused before anything is buffered.
 const MAX_INCOMING_FRAME: usize = 1 << 20;
 /// A decompressed header block may not grow beyond this.
-const MAX_HEADER_BLOCK: usize = 1 << 20;
+const MAX_HEADER_BLOCK: usize = 64 * 1024;
 const HEADER_SIZE: usize = 8;
 
 const TYPE_SYN_STREAM: u16 = 1;
