@@ -177,6 +177,16 @@ impl CniNetwork {
                         .await
                     {
                         tracing::warn!(pod = %pod.id, network = %network.name, error = %del, "DEL after a failed ADD failed");
+                        // The capabilities may be what the plugins refused (a port mapping
+                        // portmap cannot parse fails its DEL too, before the IPAM plugin
+                        // gives the IP back): DEL again without them.
+                        if !capabilities.is_empty()
+                            && let Err(del) = self
+                                .del_list(network, &ifname, pod, &Map::new(), None)
+                                .await
+                        {
+                            tracing::warn!(pod = %pod.id, network = %network.name, error = %del, "DEL without capabilities after a failed ADD failed");
+                        }
                     }
                     self.undo(pod, &attached, loaded.networks.as_slice(), capabilities)
                         .await;

@@ -114,6 +114,16 @@ impl CriService {
             .ok_or_else(|| Status::not_found(format!("container {id:?} not found")))
     }
 
+    /// Whether `container` is still the one stored under its ID (not removed while a caller
+    /// waited for its lock).
+    pub(crate) fn is_stored(&self, container: &Arc<Container>) -> bool {
+        self.containers
+            .get(container.id())
+            .ok()
+            .flatten()
+            .is_some_and(|stored| Arc::ptr_eq(&stored, container))
+    }
+
     /// Records a container's exit: drains its output (bounded), stores code, time and
     /// reason, and deletes its task. Idempotent.
     pub(crate) async fn handle_container_exit(

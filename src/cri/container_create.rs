@@ -96,9 +96,17 @@ impl CriService {
             .map(|i| i.image.clone())
             .filter(|i| !i.is_empty())
             .ok_or_else(|| Status::invalid_argument("container config must name an image"))?;
+        super::validate::container_config(&config)?;
+        super::validate::unified_resources(
+            config.linux.as_ref().and_then(|l| l.resources.as_ref()),
+            self.cgroups.as_ref(),
+        )?;
         let sandbox = self.find_sandbox(&req.pod_sandbox_id)?.ok_or_else(|| {
             Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
         })?;
+        // Held while the container is made: a pod being stopped or removed meanwhile would
+        // not see the new container, which would outlive it.
+        let _pod_lifecycle = sandbox.lifecycle.lock().await;
         let sandbox_meta = sandbox.metadata();
         let sandbox_status = sandbox.status();
         if sandbox_status.state != SandboxState::Ready {

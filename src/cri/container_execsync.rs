@@ -30,9 +30,7 @@ pub(crate) fn new_exec_id() -> String {
 impl CriService {
     pub async fn exec_sync(&self, req: ExecSyncRequest) -> Result<ExecSyncResponse, Status> {
         let container = self.require_container(&req.container_id)?;
-        if req.cmd.is_empty() {
-            return Err(Status::invalid_argument("exec command is required"));
-        }
+        super::validate::exec_command(&req.cmd)?;
         if container.status().state != ContainerState::Running {
             return Err(Status::failed_precondition(format!(
                 "container {} is not running",
@@ -60,19 +58,25 @@ impl CriService {
         let output = CapturedOutput::new(MAX_OUTPUT);
         let mut io = ExecIo::start(&dir, output.clone())
             .map_err(|e| Status::internal(format!("creating exec FIFOs: {e}")))?;
-        self.create_exec_process(container, &exec_id, cmd, false, &io)
+        if let Err(e) = self
+            .create_exec_process(container, &exec_id, cmd, false, &io)
             .await
-            .map_err(Status::internal)?;
-        let result = self
+        {
+            drop(io);
+            return Err(self.exec_failure(&id, cmd, e).await);
+        }
+        let result = match self
             .start_and_wait_exec(&id, &exec_id, deadline, &mut io)
             .await
-            .map_err(|e| {
-                if e.code() == tonic::Code::DeadlineExceeded {
-                    Status::deadline_exceeded(format!("command {cmd:?} {}", e.message()))
-                } else {
-                    e
-                }
-            });
+        {
+            Err(e) if e.code() == tonic::Code::DeadlineExceeded => Err(Status::deadline_exceeded(
+                format!("command {cmd:?} {}", e.message()),
+            )),
+            Err(e) if e.code() == tonic::Code::Internal => {
+                Err(self.exec_failure(&id, cmd, e.message().to_string()).await)
+            }
+            other => other,
+        };
         // A killed process has nothing more to say: do not wait for its output.
         let drain = if result.is_ok() {
             EXEC_DRAIN
@@ -88,6 +92,20 @@ impl CriService {
             stderr,
             exit_code,
         })
+    }
+
+    /// The answer for an exec that could not be made or started: the container stopped (or
+    /// was paused or removed) under it, the command cannot run in it, or a server error.
+    async fn exec_failure(&self, id: &str, cmd: &[String], error: String) -> Status {
+        if !self.task_runs(id).await {
+            return Status::failed_precondition(format!("container {id} is not running: {error}"));
+        }
+        if super::runtime_errors::unexecutable(&error) {
+            return Status::invalid_argument(format!(
+                "command {cmd:?} cannot run in container {id}: {error}"
+            ));
+        }
+        Status::internal(error)
     }
 
     /// Creates (does not start) exec process `exec_id` in the container: its process

@@ -19,19 +19,30 @@ impl CriService {
         req: StartContainerRequest,
     ) -> Result<StartContainerResponse, Status> {
         let container = self.require_container(&req.container_id)?;
+        let sandbox = self
+            .sandboxes
+            .get(&container.metadata.sandbox_id)
+            .ok()
+            .flatten();
+        // The pod's lock before the container's, in the order Stop/RemovePodSandbox take
+        // them: a pod being stopped or removed does not get a container started under it.
+        let _pod_lifecycle = match &sandbox {
+            Some(sandbox) => Some(sandbox.lifecycle.lock().await),
+            None => None,
+        };
         let _lifecycle = container.lifecycle.lock().await;
         let id = container.id().to_string();
+        if !self.is_stored(&container) {
+            return Err(Status::not_found(format!("container {id} was removed")));
+        }
         let state = container.status().state;
         if state != ContainerState::Created {
             return Err(Status::failed_precondition(format!(
                 "container {id} is {state:?}, not created"
             )));
         }
-        let sandbox_ready = self
-            .sandboxes
-            .get(&container.metadata.sandbox_id)
-            .ok()
-            .flatten()
+        let sandbox_ready = sandbox
+            .as_ref()
             .is_some_and(|s| s.status().state == SandboxState::Ready);
         if !sandbox_ready {
             return Err(Status::failed_precondition(format!(
@@ -71,9 +82,10 @@ impl CriService {
                     s.message = message.clone();
                     s.finished_at = unix_nanos(SystemTime::now());
                 });
-                Err(Status::internal(format!(
-                    "failed to start container {id}: {message}"
-                )))
+                Err(Status::new(
+                    super::runtime_errors::container_start_code(&message),
+                    format!("failed to start container {id}: {message}"),
+                ))
             }
         }
     }

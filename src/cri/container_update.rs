@@ -32,6 +32,7 @@ impl CriService {
         }
         let new_resources = linux_resources(Some(&linux))
             .map_err(|e| Status::invalid_argument(format!("invalid resources: {e}")))?;
+        super::validate::unified_resources(Some(&linux), self.cgroups.as_ref())?;
 
         let record = self
             .containerd
@@ -63,7 +64,8 @@ impl CriService {
             .await
             .map_err(internal)?;
         if state == ContainerState::Running {
-            self.containerd
+            let applied = self
+                .containerd
                 .update_task_resources(
                     &id,
                     prost_types::Any {
@@ -71,8 +73,19 @@ impl CriService {
                         value: serde_json::to_vec(&resources).map_err(internal)?,
                     },
                 )
-                .await
-                .map_err(|e| Status::internal(format!("applying resources to {id}: {e}")))?;
+                .await;
+            if let Err(e) = applied {
+                // The container may have exited since its state was read.
+                let code = if self.task_runs(&id).await {
+                    tonic::Code::Internal
+                } else {
+                    tonic::Code::FailedPrecondition
+                };
+                return Err(Status::new(
+                    code,
+                    format!("applying resources to {id}: {e}"),
+                ));
+            }
         }
         let mut metadata = container.metadata.clone();
         metadata

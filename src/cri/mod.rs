@@ -29,6 +29,7 @@ mod metrics;
 mod names;
 mod not_built;
 mod runtime_config;
+mod runtime_errors;
 pub(crate) mod sandbox;
 mod sandbox_remove;
 mod sandbox_run;
@@ -39,6 +40,7 @@ pub(crate) mod sandbox_update;
 mod stats;
 mod status;
 mod stream;
+mod validate;
 mod version;
 
 /// The runtime name crius reports.

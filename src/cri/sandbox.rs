@@ -282,6 +282,16 @@ impl CriService {
         Ok(())
     }
 
+    /// Whether `sandbox` is still the one stored under its ID (not removed while a caller
+    /// waited for its lock).
+    pub(crate) fn is_sandbox_stored(&self, sandbox: &Arc<Sandbox>) -> bool {
+        self.sandboxes
+            .get(&sandbox.id())
+            .ok()
+            .flatten()
+            .is_some_and(|stored| Arc::ptr_eq(&stored, sandbox))
+    }
+
     /// The sandbox with ID (or unique prefix) `id`.
     pub(crate) fn find_sandbox(&self, id: &str) -> Result<Option<Arc<Sandbox>>, Status> {
         if id.is_empty() {

@@ -66,6 +66,7 @@ impl CriService {
         let runtime = self.config.runtime(&handler).cloned().ok_or_else(|| {
             Status::invalid_argument(format!("no runtime for handler {handler:?} is configured"))
         })?;
+        super::validate::pod_config(&config, runtime.options.systemd_cgroup)?;
         if !is_host_network(&config) {
             self.cni.ready().map_err(|e| {
                 Status::failed_precondition(format!(
@@ -445,7 +446,10 @@ impl CriService {
         self.containerd
             .create_task(id, mounts, ["", "", ""], false)
             .await
-            .map_err(|e| Status::internal(format!("failed to create the sandbox task: {e}")))?;
+            .map_err(|e| {
+                let message = format!("failed to create the sandbox task: {e}");
+                Status::new(super::runtime_errors::sandbox_task_code(&message), message)
+            })?;
         self.containerd
             .start_task(id, "")
             .await

@@ -24,6 +24,12 @@ impl CriService {
         })?;
         check_pod_resources(req.resources.as_ref(), req.overhead.as_ref())?;
         let _lifecycle = sandbox.lifecycle.lock().await;
+        if !self.is_sandbox_stored(&sandbox) {
+            return Err(Status::not_found(format!(
+                "pod sandbox {} was removed",
+                sandbox.id()
+            )));
+        }
         let updated = sandbox.update_metadata(|metadata| {
             let linux = metadata.config.linux.get_or_insert_with(Default::default);
             if req.overhead.is_some() {
@@ -52,7 +58,13 @@ impl CriService {
                 .await
                 .map_err(internal)?
                 .map_err(|e| {
-                    Status::internal(format!("applying resources to pod {}: {e}", updated.id))
+                    let message = format!("applying resources to pod {}: {e}", updated.id);
+                    // No pod cgroup (kubelet makes it; a stopped pod may have lost it).
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        Status::failed_precondition(message)
+                    } else {
+                        Status::internal(message)
+                    }
                 })?;
         }
         Ok(UpdatePodSandboxResourcesResponse {})
@@ -66,12 +78,14 @@ fn pod_limits(
 ) -> CgroupLimits {
     let extra = overhead.cloned().unwrap_or_default();
     let positive = |v: i64| (v > 0).then_some(v);
+    // Saturating: a limit and an overhead near i64::MAX add up to "unlimited", not a panic.
     CgroupLimits {
-        cpu_shares: positive(resources.cpu_shares + extra.cpu_shares).map(|v| v as u64),
-        cpu_quota: positive(resources.cpu_quota).map(|q| q + extra.cpu_quota.max(0)),
+        cpu_shares: positive(resources.cpu_shares.saturating_add(extra.cpu_shares))
+            .map(|v| v as u64),
+        cpu_quota: positive(resources.cpu_quota).map(|q| q.saturating_add(extra.cpu_quota.max(0))),
         cpu_period: positive(resources.cpu_period).map(|v| v as u64),
         memory_limit: positive(resources.memory_limit_in_bytes)
-            .map(|m| m + extra.memory_limit_in_bytes.max(0)),
+            .map(|m| m.saturating_add(extra.memory_limit_in_bytes.max(0))),
     }
 }
 
@@ -125,5 +139,17 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn a_limit_and_an_overhead_near_the_maximum_do_not_overflow() {
+        let huge = LinuxContainerResources {
+            cpu_quota: i64::MAX,
+            memory_limit_in_bytes: i64::MAX,
+            ..Default::default()
+        };
+        let limits = pod_limits(&huge, Some(&huge));
+        assert_eq!(limits.memory_limit, Some(i64::MAX));
+        assert_eq!(limits.cpu_quota, Some(i64::MAX));
     }
 }

@@ -34,9 +34,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 impl CriService {
     pub async fn exec(&self, req: ExecRequest) -> Result<ExecResponse, Status> {
         let container = self.require_container(&req.container_id)?;
-        if req.cmd.is_empty() {
-            return Err(Status::invalid_argument("exec command is required"));
-        }
+        super::validate::exec_command(&req.cmd)?;
         validate_stdio(req.stdin, req.stdout, req.stderr, req.tty)?;
         require_running(&container)?;
         let url = self.stream_url("exec", StreamRequest::Exec(req))?;

@@ -93,7 +93,34 @@ pub fn process_args(
             "no command specified: neither the container config nor the image has one".to_string(),
         ));
     }
+    check_argv(&command)?;
     Ok(command)
+}
+
+/// The kernel's bound on one argument or environment string (`MAX_ARG_STRLEN`).
+pub const MAX_ARG_BYTES: usize = 32 * 4096;
+/// The longest program path the kernel resolves (`PATH_MAX`).
+pub const MAX_PROGRAM_BYTES: usize = 4096;
+
+/// Refuses arguments `execve` can never take. The program's own name is bounded tighter:
+/// runc echoes a name it cannot run in its error, and one longer than a pipe holds (64 KiB)
+/// hangs runc for good, with the container's task.
+pub fn check_argv(argv: &[String]) -> Result<(), SpecError> {
+    if let Some(program) = argv.first()
+        && program.len() > MAX_PROGRAM_BYTES
+    {
+        return Err(SpecError::Invalid(format!(
+            "the program name is {} bytes, more than a path may be ({MAX_PROGRAM_BYTES})",
+            program.len()
+        )));
+    }
+    if let Some(arg) = argv.iter().find(|a| a.len() > MAX_ARG_BYTES) {
+        return Err(SpecError::Invalid(format!(
+            "an argument is {} bytes, more than the kernel takes ({MAX_ARG_BYTES})",
+            arg.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The image's environment with the CRI's variables replacing those of the same name.
@@ -175,6 +202,9 @@ fn rootfs_propagation(config: &ContainerConfig) -> Option<&'static str> {
     }
 }
 
+/// The largest CFS quota the kernel takes, in microseconds (`max_cfs_runtime`: 2^44 - 1).
+const MAX_CPU_QUOTA: i64 = (1 << 44) - 1;
+
 /// Refuses resource values the kernel would not take, before anything reaches containerd or
 /// the OCI runtime (whose error would otherwise come back as INTERNAL).
 pub fn check_resources(r: &LinuxContainerResources) -> Result<(), SpecError> {
@@ -197,11 +227,27 @@ pub fn check_resources(r: &LinuxContainerResources) -> Result<(), SpecError> {
             r.cpu_quota
         ));
     }
+    if r.cpu_quota > MAX_CPU_QUOTA {
+        return invalid(format!(
+            "cpu_quota {} is above the kernel's {MAX_CPU_QUOTA} microseconds",
+            r.cpu_quota
+        ));
+    }
     if !(0..=262_144).contains(&r.cpu_shares) {
         return invalid(format!("cpu_shares {} is outside 0..=262144", r.cpu_shares));
     }
     if r.memory_limit_in_bytes < 0 || r.memory_swap_limit_in_bytes < -1 {
         return invalid("memory limits must not be negative (swap: -1 for unlimited)".into());
+    }
+    // The swap limit is memory plus swap: the kernel refuses one below the memory limit,
+    // or one without a memory limit.
+    if r.memory_swap_limit_in_bytes > 0
+        && (r.memory_limit_in_bytes == 0 || r.memory_swap_limit_in_bytes < r.memory_limit_in_bytes)
+    {
+        return invalid(format!(
+            "memory_swap_limit_in_bytes {} needs a memory limit at or below it (memory: {})",
+            r.memory_swap_limit_in_bytes, r.memory_limit_in_bytes
+        ));
     }
     for (field, list) in [
         ("cpuset_cpus", &r.cpuset_cpus),
@@ -685,7 +731,26 @@ mod tests {
                 }],
                 ..ok.clone()
             },
+            LinuxContainerResources {
+                cpu_quota: 1 << 50,
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                memory_limit_in_bytes: 64 << 20,
+                memory_swap_limit_in_bytes: 1 << 20,
+                ..ok.clone()
+            },
+            LinuxContainerResources {
+                memory_swap_limit_in_bytes: 1 << 20,
+                ..ok.clone()
+            },
         ];
+        let swap = LinuxContainerResources {
+            memory_limit_in_bytes: 64 << 20,
+            memory_swap_limit_in_bytes: 128 << 20,
+            ..ok.clone()
+        };
+        assert!(check_resources(&swap).is_ok());
         for r in bad {
             assert!(
                 matches!(check_resources(&r), Err(SpecError::Invalid(_))),
@@ -707,6 +772,18 @@ mod tests {
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn arguments_execve_cannot_take_are_refused() {
+        let image = image(&[], &[]);
+        let huge_program = vec!["x".repeat(MAX_PROGRAM_BYTES + 1)];
+        assert!(process_args(&huge_program, &[], &image).is_err());
+        let huge_arg = vec!["x".repeat(MAX_ARG_BYTES + 1)];
+        assert!(process_args(&strings(&["sh", "-c"]), &huge_arg, &image).is_err());
+        // A long script as an argument is fine.
+        let script = vec!["x".repeat(MAX_PROGRAM_BYTES * 4)];
+        assert!(process_args(&strings(&["sh", "-c"]), &script, &image).is_ok());
     }
 
     #[test]

@@ -172,6 +172,12 @@ pub fn device(
     container_path: &str,
     permissions: &str,
 ) -> Result<(LinuxDevice, LinuxDeviceCgroup), SpecError> {
+    // The device cgroup takes only r, w and m; runc would fail the start on anything else.
+    if !permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
+        return Err(SpecError::Invalid(format!(
+            "device permissions {permissions:?} may hold only r, w and m"
+        )));
+    }
     let meta = std::fs::metadata(host_path)
         .map_err(|e| SpecError::Invalid(format!("device {}: {e}", host_path.display())))?;
     let kind = if meta.file_type().is_char_device() {
@@ -439,5 +445,6 @@ mod tests {
         assert_eq!((dev.major(), dev.minor()), (1, 3));
         assert_eq!(rule.access().as_deref(), Some("rw"));
         assert!(device(Path::new("/etc/hostname"), "/x", "").is_err());
+        assert!(device(Path::new("/dev/null"), "/dev/mynull", "xyz").is_err());
     }
 }

@@ -31,6 +31,27 @@ pub type ListStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> +
 /// The largest CRI message crius sends or accepts (containerd uses the same bound).
 pub const MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
 
+/// The longest error message crius sends. A status travels in HTTP/2 trailers, which
+/// clients cap (16 KiB in hyper and grpc-go): a message echoing a huge request field would
+/// break the response instead of explaining it.
+const MAX_STATUS_MESSAGE: usize = 2048;
+
+/// `status` with its message cut to [`MAX_STATUS_MESSAGE`] bytes.
+fn with_bounded_message(status: Status) -> Status {
+    let message = status.message();
+    if message.len() <= MAX_STATUS_MESSAGE {
+        return status;
+    }
+    let mut cut = MAX_STATUS_MESSAGE;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Status::new(
+        status.code(),
+        format!("{}… ({} more bytes)", &message[..cut], message.len() - cut),
+    )
+}
+
 /// The instrumented CRI server handed to tonic and ttrpc.
 #[derive(Clone)]
 pub struct CriServer {
@@ -80,7 +101,7 @@ impl CriServer {
             }
             None => bounded.await,
         }
-        .map_err(|status| self.unavailable_while_containerd_is_away(status));
+        .map_err(|status| with_bounded_message(self.unavailable_while_containerd_is_away(status)));
         let latency_us = start.elapsed().as_micros() as u64;
         match &result {
             Ok(_) if is_read_only(rpc) => {
@@ -534,6 +555,17 @@ pub fn ttrpc_services(server: CriServer) -> HashMap<String, ttrpc::r#async::Serv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_messages_are_cut_to_fit_in_trailers() {
+        let huge = Status::not_found(format!("container {:?} not found", "é".repeat(1 << 20)));
+        let cut = with_bounded_message(huge);
+        assert_eq!(cut.code(), Code::NotFound);
+        assert!(cut.message().len() < MAX_STATUS_MESSAGE + 64);
+        assert!(cut.message().ends_with("more bytes)"), "{}", cut.message());
+        let short = with_bounded_message(Status::internal("short"));
+        assert_eq!(short.message(), "short");
+    }
 
     #[test]
     fn alpha_and_v1_messages_transcode_both_ways() {

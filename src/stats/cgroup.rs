@@ -282,8 +282,15 @@ fn v2_limit_writes(dir: &Path, limits: &CgroupLimits) -> Vec<(PathBuf, String)> 
     writes
 }
 
-/// The directory of `relative` (an absolute cgroup path) under a mount whose root is `root`.
+/// The directory of `relative` (an absolute cgroup path) under a mount whose root is `root`;
+/// `None` for a path with `..`, which could leave the mount (limits are written there).
 fn under(mount: &Path, root: &Path, relative: &Path) -> Option<PathBuf> {
+    if relative
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        return None;
+    }
     let inside = relative.strip_prefix(root).ok()?;
     Some(mount.join(inside))
 }
@@ -567,6 +574,30 @@ mod tests {
 
         let missing = v1.apply_limits(Path::new("/gone"), &limits).unwrap_err();
         assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn limits_are_never_written_outside_the_hierarchy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let controllers = ["cpu", "memory"]
+            .into_iter()
+            .map(|c| {
+                (
+                    c.to_string(),
+                    (tmp.path().join("fs").join(c), PathBuf::from("/")),
+                )
+            })
+            .collect();
+        let v1 = CgroupLayout::V1 { controllers };
+        std::fs::create_dir_all(tmp.path().join("fs/memory")).unwrap();
+        let limits = CgroupLimits {
+            memory_limit: Some(1 << 20),
+            ..Default::default()
+        };
+        // fs/memory/../.. is the temp dir itself, which exists.
+        let escape = v1.apply_limits(Path::new("/../.."), &limits).unwrap_err();
+        assert_eq!(escape.kind(), std::io::ErrorKind::NotFound);
+        assert!(!tmp.path().join("memory.limit_in_bytes").exists());
     }
 
     fn write(dir: &Path, name: &str, text: &str) {

@@ -1,0 +1,124 @@
+//! What an OCI runtime's refusal says about whose fault it was. runc reports every failure
+//! as one text (containerd passes it on with code UNKNOWN); the few failures that come from
+//! the request itself are told apart here by runc's stable wording, so the client gets a
+//! client error for them and INTERNAL stays for what crius or the node got wrong.
+
+use containerd_client::types::v1::Status as ProcessStatus;
+use tonic::Code;
+
+use crate::server::CriService;
+
+/// Whether the runtime could not run a process because its executable cannot be executed:
+/// not there, not executable, not a program (`exec: "x": executable file not found in
+/// $PATH`, `exec: "/x": stat /x: no such file or directory`, `exec: "/etc": permission
+/// denied`).
+pub(crate) fn unexecutable(message: &str) -> bool {
+    // containerd's error text may carry runc's quoted, so its quotes come escaped.
+    (message.contains("exec: \"") || message.contains("exec: \\\""))
+        && [
+            "executable file not found",
+            "no such file or directory",
+            "permission denied",
+            "exec format error",
+            "is a directory",
+            "not a directory",
+        ]
+        .iter()
+        .any(|reason| message.contains(reason))
+}
+
+/// The code for the runtime's failure to start a container: a command its image cannot
+/// run, or a namespace it joins that is gone (its PID namespace target, or its pod's pause
+/// process, exited since it was created), is the container's state, not a server fault.
+pub(crate) fn container_start_code(message: &str) -> Code {
+    let namespace_gone =
+        message.contains("namespace path") && message.contains("no such file or directory");
+    if unexecutable(message) || namespace_gone {
+        Code::FailedPrecondition
+    } else {
+        Code::Internal
+    }
+}
+
+/// The code for the runtime's failure to set up a pod's pause process: the kernel refusing
+/// one of the pod's sysctls or its hostname is the pod config's fault.
+pub(crate) fn sandbox_task_code(message: &str) -> Code {
+    if message.contains("/proc/sys/") || message.contains("sethostname") {
+        Code::InvalidArgument
+    } else {
+        Code::Internal
+    }
+}
+
+impl CriService {
+    /// Whether container `id`'s task still runs (a stopped, paused or missing one does not;
+    /// an error asking counts as running, so the failure stays a server error).
+    pub(crate) async fn task_runs(&self, id: &str) -> bool {
+        match self.containerd.task_state(id).await {
+            Ok(Some(task)) => task.status == ProcessStatus::Running,
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runcs_words_for_a_command_that_cannot_run() {
+        for message in [
+            r#"OCI runtime exec failed: exec failed: unable to start container process: exec: "/nonexistent/binary": stat /nonexistent/binary: no such file or directory: unknown"#,
+            r#"runc create failed: unable to start container process: exec: "37fab": executable file not found in $PATH: unknown"#,
+            r#"unable to start container process: exec: "/etc/passwd": permission denied: unknown"#,
+            r#"containerd start task: message: "OCI runtime exec failed: exec: \"\": executable file not found in $PATH: unknown""#,
+        ] {
+            assert!(unexecutable(message), "{message}");
+        }
+        for message in [
+            "namespace path: lstat /proc/635/ns/ipc: no such file or directory: unknown",
+            "cannot exec in a stopped container: unknown",
+        ] {
+            assert!(!unexecutable(message), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_start_that_cannot_run_the_command_or_join_a_namespace_is_the_containers_state() {
+        for message in [
+            r#"runc create failed: unable to start container process: exec: "x": executable file not found in $PATH: unknown"#,
+            "runc create failed: unable to create new parent process: namespace path: lstat /proc/9813/ns/pid: no such file or directory",
+        ] {
+            assert_eq!(
+                container_start_code(message),
+                Code::FailedPrecondition,
+                "{message}"
+            );
+        }
+        assert_eq!(
+            container_start_code(
+                "runc create failed: unable to start container process: can't get final child's PID from pipe: EOF"
+            ),
+            Code::Internal
+        );
+    }
+
+    #[test]
+    fn the_kernel_refusing_a_sysctl_or_hostname_is_the_pods_fault() {
+        assert_eq!(
+            sandbox_task_code(
+                "error during container init: write /proc/sys/net/ipv4/ip_forward: invalid argument"
+            ),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            sandbox_task_code("error during container init: sethostname: invalid argument"),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            sandbox_task_code("can't get final child's PID from pipe: EOF"),
+            Code::Internal
+        );
+    }
+}
