@@ -392,6 +392,19 @@ pub fn push_test_image(source_tag: &str, destination: &str) {
 }
 
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.
+/// Asserts that crius answers `Version` within a second, as it must during an attack.
+pub async fn assert_answers_within_a_second(client: &mut CriClient, when: &str) {
+    let answered = tokio::time::timeout(
+        Duration::from_secs(1),
+        client.runtime.version(VersionRequest::default()),
+    )
+    .await;
+    assert!(
+        matches!(answered, Ok(Ok(_))),
+        "crius did not answer Version within 1 s {when}: {answered:?}"
+    );
+}
+
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
