@@ -1,15 +1,20 @@
 # crius: `make run` serves the CRI in the foreground; `make test` runs every check and test
 # on a fresh machine (it installs packages, starts containerd and a registry, stops them).
 
-.PHONY: all build release run test bench fuzz testbed-up testbed-down clean
+.PHONY: all build release shim run test bench fuzz testbed-up testbed-down clean
 
 all: build
 
 build:
 	cargo build
+	cargo build -p crius-shim
 
-release:
+release: shim
 	cargo build --release
+
+# crius's shim, containerd-shim-crius-v2 (small and static: one runs per pod).
+shim:
+	cargo build -p crius-shim --profile shim
 
 run: release
 	scripts/run.sh

@@ -18,6 +18,9 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TB=${CRIUS_TESTBED:-$ROOT/.testbed}
+# crius's shim, as `cargo build -p crius-shim --profile shim` builds it: containerd finds it
+# on its PATH.
+SHIM_DIR=$ROOT/target/shim
 REGISTRY_ADDR=${CRIUS_TEST_REGISTRY:-127.0.0.1:5010}
 AUTH_REGISTRY_ADDR=${CRIUS_TEST_AUTH_REGISTRY:-127.0.0.1:5011}
 AUTH_USER=crius
@@ -37,6 +40,7 @@ LAYOUT=$TB/images/oci
 PACKAGES=(
   containerd runc containernetworking-plugins protobuf-compiler docker-registry skopeo
   umoci busybox-static iproute2 iptables iputils-ping curl ca-certificates apache2-utils python3
+  criu
 )
 
 log() { printf '[testbed] %s\n' "$*" >&2; }
@@ -122,8 +126,8 @@ SOURCES
 
 # $1: its directory, $2: the directory of its binaries (empty: the installed ones).
 containerd_up() {
-  local dir=$1 bin=${2:-} sock=$1/containerd.sock path=$PATH
-  [ -z "$bin" ] || path=$bin:$PATH
+  local dir=$1 bin=${2:-} sock=$1/containerd.sock path=$SHIM_DIR:$PATH
+  [ -z "$bin" ] || path=$bin:$path
   mkdir -p "$dir"
   cat >"$dir/config.toml" <<TOML
 version = 2
@@ -456,6 +460,8 @@ print_env() {
     # containerd, ctr and the shims the tests start come from the 2.x package.
     echo "export PATH=$CTRD2_BIN:\$PATH"
   fi
+  # containerds the tests start themselves find crius's shim too.
+  echo "export PATH=$SHIM_DIR:\$PATH"
   cat <<ENV
 export CRIUS_TEST_CONTAINERD_ADDRESS=$dir/containerd.sock
 export CRIUS_TEST_CONTAINERD_ROOT=$dir/root
@@ -491,15 +497,23 @@ test_against() {
   )
 }
 
+build_shim() {
+  cargo build -p crius-shim --profile shim
+  log "shim: $SHIM_DIR/containerd-shim-crius-v2 ($(stat -c %s "$SHIM_DIR/containerd-shim-crius-v2") bytes)"
+}
+
 run_tests() {
   deps
   cd "$ROOT"
-  cargo fmt --check
+  cargo fmt --all --check
   # The integration tests drive crius through its failpoints; a release build has none.
   cargo clippy --all-targets --features failpoints -- -D warnings
+  cargo clippy -p crius-shim --all-targets -- -D warnings
   cargo build --all-targets --features failpoints
+  build_shim
   # Unit tests need no test bed; they run as the release binary is built (no failpoints).
   cargo test --lib --bins
+  cargo test -p crius-shim
   down
   trap down EXIT
   up
@@ -516,6 +530,7 @@ run_benches() {
   deps
   cd "$ROOT"
   cargo build --release
+  build_shim
   down
   trap down EXIT
   up

@@ -193,6 +193,13 @@ impl Default for ContainerdConfig {
     fn default() -> Self {
         let mut runtimes = BTreeMap::new();
         runtimes.insert("runc".to_string(), RuntimeConfig::default());
+        runtimes.insert(
+            "containerd-runc".to_string(),
+            RuntimeConfig {
+                runtime_type: RUNC_SHIM.to_string(),
+                ..RuntimeConfig::default()
+            },
+        );
         Self {
             address: PathBuf::from("/run/containerd/containerd.sock"),
             namespace: "k8s.io".to_string(),
@@ -204,6 +211,11 @@ impl Default for ContainerdConfig {
         }
     }
 }
+
+/// crius's own shim (`containerd-shim-crius-v2`): one process per pod, runc underneath.
+pub const CRIUS_SHIM: &str = "io.containerd.crius.v2";
+/// containerd's Go runc shim (`containerd-shim-runc-v2`).
+pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
 
 /// One runtime handler: what containerd runs a pod's tasks with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -221,7 +233,7 @@ pub struct RuntimeConfig {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
-            runtime_type: "io.containerd.runc.v2".to_string(),
+            runtime_type: CRIUS_SHIM.to_string(),
             options: RuncOptions::default(),
             pod_annotations: Vec::new(),
             container_annotations: Vec::new(),
@@ -601,13 +613,24 @@ connect_timeout = "30s"
 # The runtime handler used when a pod names none.
 default_runtime = "runc"
 
+# The default handler: runc under crius's own shim (containerd-shim-crius-v2, one small
+# process per pod; containerd finds it on its PATH).
 [containerd.runtimes.runc]
-runtime_type = "io.containerd.runc.v2"
+runtime_type = "io.containerd.crius.v2"
 # Pod and container annotations (glob patterns) passed through to the runtime.
 pod_annotations = []
 container_annotations = []
 privileged_without_host_devices = false
 # runc shim options; BinaryName selects another OCI runtime such as crun.
+options = { BinaryName = "", Root = "", SystemdCgroup = false, NoPivotRoot = false, NoNewKeyring = false, ShimCgroup = "", IoUid = 0, IoGid = 0, CriuImagePath = "", CriuWorkPath = "" }
+
+# runc under containerd's Go shim (containerd-shim-runc-v2). Other shims (kata, gVisor)
+# are added the same way, with their runtime_type.
+[containerd.runtimes.containerd-runc]
+runtime_type = "io.containerd.runc.v2"
+pod_annotations = []
+container_annotations = []
+privileged_without_host_devices = false
 options = { BinaryName = "", Root = "", SystemdCgroup = false, NoPivotRoot = false, NoNewKeyring = false, ShimCgroup = "", IoUid = 0, IoGid = 0, CriuImagePath = "", CriuWorkPath = "" }
 
 [cni]
@@ -722,8 +745,10 @@ snapshotter = "overlayfs"
 root = "/var/lib/containerd"
 default_runtime = "runc"
 [containerd.runtimes.runc]
-runtime_type = "io.containerd.runc.v2"
+runtime_type = "io.containerd.crius.v2"
 options = { BinaryName = "", SystemdCgroup = false }
+[containerd.runtimes.containerd-runc]
+runtime_type = "io.containerd.runc.v2"
 [cni]
 bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
 conf_dir = "/etc/cni/net.d"
@@ -803,7 +828,13 @@ format = "text"
         let config = Config::default();
         assert_eq!(
             config.runtime("").map(|r| r.runtime_type.as_str()),
-            Some("io.containerd.runc.v2")
+            Some(CRIUS_SHIM)
+        );
+        assert_eq!(
+            config
+                .runtime("containerd-runc")
+                .map(|r| r.runtime_type.as_str()),
+            Some(RUNC_SHIM)
         );
         assert!(config.runtime("nosuch").is_none());
     }

@@ -30,7 +30,11 @@ use crate::store::{Image, Sandbox, SandboxMetadata, SandboxState, SandboxStatus}
 use crate::undo::Undo;
 
 /// Runtime types that take runc's shim options.
-const RUNC_RUNTIME_TYPES: &[&str] = &["io.containerd.runc.v2", "io.containerd.runc.v1"];
+const RUNC_RUNTIME_TYPES: &[&str] = &[
+    crate::config::CRIUS_SHIM,
+    crate::config::RUNC_SHIM,
+    "io.containerd.runc.v1",
+];
 
 impl CriService {
     pub async fn run_pod_sandbox(

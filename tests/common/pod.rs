@@ -46,7 +46,12 @@ pub async fn pod(crius: &Crius, name: &str) -> Pod {
 }
 
 /// A running pod made from `config` (its log directory goes under the test's directory).
-pub async fn pod_with(crius: &Crius, mut config: PodSandboxConfig) -> Pod {
+pub async fn pod_with(crius: &Crius, config: PodSandboxConfig) -> Pod {
+    pod_on(crius, config, "").await
+}
+
+/// A running pod made from `config` on runtime handler `handler`.
+pub async fn pod_on(crius: &Crius, mut config: PodSandboxConfig, handler: &str) -> Pod {
     let name = config
         .metadata
         .as_ref()
@@ -79,7 +84,7 @@ pub async fn pod_with(crius: &Crius, mut config: PodSandboxConfig) -> Pod {
         .to_string();
     let mut request = tonic::Request::new(RunPodSandboxRequest {
         config: Some(config.clone()),
-        runtime_handler: String::new(),
+        runtime_handler: handler.to_string(),
     });
     request.set_timeout(Duration::from_secs(240));
     let id = client

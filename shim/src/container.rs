@@ -1,0 +1,165 @@
+//! One container in the shim: its bundle, its runtime, its init process and its execs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+
+use crate::process::Process;
+use crate::runc::Runc;
+
+pub struct Container {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub runc: Runc,
+    pub init: Arc<Process>,
+    /// The rootfs the shim mounted (unmounted on delete).
+    pub rootfs: Option<PathBuf>,
+    /// Whether the container has a PID namespace of its own: when it does not, its init's
+    /// exit does not end its other processes, and the shim kills them.
+    pub own_pid_namespace: bool,
+    execs: Mutex<HashMap<String, Arc<Process>>>,
+    oom_watch: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Container {
+    pub fn new(
+        id: &str,
+        bundle: &Path,
+        runc: Runc,
+        init: Arc<Process>,
+        rootfs: Option<PathBuf>,
+        own_pid_namespace: bool,
+    ) -> Self {
+        Self {
+            id: id.to_string(),
+            bundle: bundle.to_path_buf(),
+            runc,
+            init,
+            rootfs,
+            own_pid_namespace,
+            execs: Mutex::new(HashMap::new()),
+            oom_watch: Mutex::new(None),
+        }
+    }
+
+    fn execs(&self) -> MutexGuard<'_, HashMap<String, Arc<Process>>> {
+        self.execs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The init process (`exec_id` empty) or an exec.
+    pub fn process(&self, exec_id: &str) -> Option<Arc<Process>> {
+        if exec_id.is_empty() {
+            Some(self.init.clone())
+        } else {
+            self.execs().get(exec_id).cloned()
+        }
+    }
+
+    /// Adds an exec; false when the id is taken.
+    pub fn add_exec(&self, process: Arc<Process>) -> bool {
+        let mut execs = self.execs();
+        if execs.contains_key(&process.exec_id) {
+            return false;
+        }
+        execs.insert(process.exec_id.clone(), process);
+        true
+    }
+
+    pub fn remove_exec(&self, exec_id: &str) -> Option<Arc<Process>> {
+        self.execs().remove(exec_id)
+    }
+
+    pub fn exec_pids(&self) -> HashMap<i32, String> {
+        self.execs()
+            .values()
+            .map(|p| (p.pid(), p.exec_id.clone()))
+            .collect()
+    }
+
+    pub fn set_oom_watch(&self, watch: JoinHandle<()>) {
+        *self
+            .oom_watch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(watch);
+    }
+
+    pub fn stop_oom_watch(&self) {
+        if let Some(watch) = self
+            .oom_watch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            watch.abort();
+        }
+    }
+}
+
+/// The few parts of a bundle's OCI spec the shim reads.
+#[derive(Debug, Default, Deserialize)]
+pub struct BundleSpec {
+    #[serde(default)]
+    pub annotations: HashMap<String, String>,
+    #[serde(default)]
+    pub linux: Option<LinuxSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct LinuxSpec {
+    #[serde(default)]
+    pub namespaces: Vec<NamespaceSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct NamespaceSpec {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub path: String,
+}
+
+/// The largest config.json the shim reads.
+const MAX_SPEC: u64 = 16 << 20;
+
+impl BundleSpec {
+    pub fn read(bundle: &Path) -> std::io::Result<Self> {
+        use std::io::Read;
+        let mut text = Vec::new();
+        std::fs::File::open(bundle.join("config.json"))?
+            .take(MAX_SPEC)
+            .read_to_end(&mut text)?;
+        serde_json::from_slice(&text).map_err(std::io::Error::other)
+    }
+
+    pub fn own_pid_namespace(&self) -> bool {
+        self.linux.as_ref().is_some_and(|l| {
+            l.namespaces
+                .iter()
+                .any(|n| n.kind == "pid" && n.path.is_empty())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_joined_pid_namespace_is_not_the_containers_own() {
+        let own: BundleSpec = serde_json::from_str(
+            r#"{"ociVersion":"1.0.2","linux":{"namespaces":[{"type":"pid"},{"type":"mount"}]}}"#,
+        )
+        .expect("spec");
+        assert!(own.own_pid_namespace());
+        let joined: BundleSpec = serde_json::from_str(
+            r#"{"linux":{"namespaces":[{"type":"pid","path":"/proc/1/ns/pid"}]}}"#,
+        )
+        .expect("spec");
+        assert!(!joined.own_pid_namespace());
+        let host: BundleSpec = serde_json::from_str(r#"{"linux":{}}"#).expect("spec");
+        assert!(!host.own_pid_namespace());
+    }
+}

@@ -1,0 +1,45 @@
+//! The `delete` action: containerd runs it when a shim is gone (or its connection to it
+//! closed) to clean up a container it cannot reach: force-delete the runtime's container,
+//! unmount the rootfs, and report the exit as a kill.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::SystemTime;
+
+use containerd_shim::Flags;
+use containerd_shim_protos::api::DeleteResponse;
+use containerd_shim_protos::protobuf::Message;
+
+use crate::start::ActionResult;
+
+pub fn run(flags: &Flags) -> ActionResult {
+    let bundle = if flags.bundle.is_empty() {
+        std::env::current_dir()?
+    } else {
+        PathBuf::from(&flags.bundle)
+    };
+    let runc = crate::bundle::load_runc(&bundle)
+        .unwrap_or_else(|| crate::runc::runc_for(&Default::default(), &flags.namespace, &bundle));
+    let status = Command::new(&runc.binary)
+        .arg("--root")
+        .arg(&runc.root)
+        .args(["delete", "--force", &flags.id])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if let Err(e) = status {
+        log::warn!("{} delete {}: {e}", runc.binary, flags.id);
+    }
+    crate::bundle::unmount_rootfs(&bundle.join("rootfs"));
+    let pid = crate::runc::read_pid_file(&bundle.join("init.pid")).unwrap_or(0);
+    let response = DeleteResponse {
+        pid: u32::try_from(pid).unwrap_or(0),
+        exit_status: 128 + libc::SIGKILL as u32,
+        exited_at: Some(crate::shim::timestamp(SystemTime::now())).into(),
+        ..Default::default()
+    };
+    std::io::stdout().write_all(&response.write_to_bytes()?)?;
+    Ok(())
+}

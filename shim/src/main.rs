@@ -1,0 +1,44 @@
+//! containerd-shim-crius-v2: crius's runtime v2 shim. containerd starts it per container
+//! (`start`), it serves all containers of one pod from one process over ttrpc, runs runc
+//! for them, reaps them, and publishes their events back to containerd.
+
+mod bundle;
+mod container;
+mod delete;
+mod error;
+mod events;
+mod oom;
+mod process;
+mod reaper;
+mod runc;
+mod serve;
+mod service;
+mod shim;
+mod start;
+mod stats;
+mod stdio;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flags = match containerd_shim::parse(&args) {
+        Ok(flags) => flags,
+        Err(e) => {
+            eprintln!("containerd-shim-crius-v2: {e}");
+            std::process::exit(2);
+        }
+    };
+    if flags.version {
+        println!("containerd-shim-crius-v2 {}", service::VERSION);
+        return;
+    }
+    let result = match flags.action.as_str() {
+        "start" => start::run(&flags),
+        "delete" => delete::run(&flags),
+        "" => serve::run(&flags),
+        other => Err(format!("unknown action {other:?}").into()),
+    };
+    if let Err(e) = result {
+        eprintln!("containerd-shim-crius-v2: {e}");
+        std::process::exit(1);
+    }
+}

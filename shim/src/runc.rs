@@ -1,0 +1,451 @@
+//! The OCI runtime's command line (runc and runtimes that share it, like crun): each verb
+//! the task service needs, run through the reaper so the shim's own reaping never steals a
+//! command's exit status.
+//!
+//! Written here rather than with the `runc` crate: that crate spawns through tokio's process
+//! driver, which reaps on its own and races the shim's subreaper loop, and it brings
+//! `oci-spec`'s builders the shim does not need.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+
+use crate::reaper::Reaper;
+
+/// At most this much of a command's output is kept (`runc ps` of a big container is the
+/// largest).
+const MAX_OUTPUT: u64 = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuncError {
+    #[error("runc {verb}: {source}")]
+    Spawn {
+        verb: &'static str,
+        source: std::io::Error,
+    },
+    #[error("runc {verb} failed: {message}")]
+    Failed { verb: &'static str, message: String },
+}
+
+impl RuncError {
+    /// Whether runc said the container or process is gone already.
+    pub fn is_gone(&self) -> bool {
+        let RuncError::Failed { message, .. } = self else {
+            return false;
+        };
+        let message = message.to_ascii_lowercase();
+        [
+            "not running",
+            "does not exist",
+            "no such process",
+            "process already finished",
+        ]
+        .iter()
+        .any(|m| message.contains(m))
+    }
+}
+
+/// How the shim runs the OCI runtime for one container; kept in the bundle so the `delete`
+/// action finds the same runtime.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Runc {
+    pub binary: String,
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+    #[serde(default)]
+    pub no_pivot_root: bool,
+    #[serde(default)]
+    pub no_new_keyring: bool,
+    /// runc's JSON log for this bundle: where create and exec put their errors.
+    pub log: PathBuf,
+}
+
+/// The stdio a created process gets (none: /dev/null).
+#[derive(Default)]
+pub struct ProcessStdio {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+/// Checkpoint flags, from containerd's runc checkpoint options.
+#[derive(Debug, Default)]
+pub struct CheckpointFlags {
+    pub image_path: String,
+    pub work_path: String,
+    pub leave_running: bool,
+    pub tcp_established: bool,
+    pub external_unix_sockets: bool,
+    pub shell_job: bool,
+    pub file_locks: bool,
+    pub empty_namespaces: Vec<String>,
+    pub cgroups_mode: String,
+}
+
+impl Runc {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--log")
+            .arg(&self.log)
+            .args(["--log-format", "json"]);
+        if self.systemd_cgroup {
+            command.arg("--systemd-cgroup");
+        }
+        command.args(args);
+        command
+    }
+
+    pub async fn create(
+        &self,
+        reaper: &Reaper,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: ProcessStdio,
+    ) -> Result<(), RuncError> {
+        let mut command = self.command(&["create", "--bundle"]);
+        command.arg(bundle).arg("--pid-file").arg(pid_file);
+        if let Some(socket) = console_socket {
+            command.arg("--console-socket").arg(socket);
+        }
+        if self.no_pivot_root {
+            command.arg("--no-pivot");
+        }
+        if self.no_new_keyring {
+            command.arg("--no-new-keyring");
+        }
+        command.arg(id);
+        self.run_with_stdio(reaper, "create", command, stdio).await
+    }
+
+    pub async fn exec(
+        &self,
+        reaper: &Reaper,
+        id: &str,
+        process_file: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: ProcessStdio,
+    ) -> Result<(), RuncError> {
+        let mut command = self.command(&["exec", "--detach", "--process"]);
+        command.arg(process_file).arg("--pid-file").arg(pid_file);
+        if let Some(socket) = console_socket {
+            command.arg("--console-socket").arg(socket);
+        }
+        command.arg(id);
+        self.run_with_stdio(reaper, "exec", command, stdio).await
+    }
+
+    pub async fn start(&self, reaper: &Reaper, id: &str) -> Result<(), RuncError> {
+        self.run(reaper, "start", self.command(&["start", id]), None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn delete(&self, reaper: &Reaper, id: &str, force: bool) -> Result<(), RuncError> {
+        let args: &[&str] = if force {
+            &["delete", "--force", id]
+        } else {
+            &["delete", id]
+        };
+        self.run(reaper, "delete", self.command(args), None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn kill(
+        &self,
+        reaper: &Reaper,
+        id: &str,
+        signal: u32,
+        all: bool,
+    ) -> Result<(), RuncError> {
+        let signal = signal.to_string();
+        let mut args = vec!["kill"];
+        if all {
+            args.push("--all");
+        }
+        args.extend([id, signal.as_str()]);
+        self.run(reaper, "kill", self.command(&args), None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn pause(&self, reaper: &Reaper, id: &str) -> Result<(), RuncError> {
+        self.run(reaper, "pause", self.command(&["pause", id]), None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn resume(&self, reaper: &Reaper, id: &str) -> Result<(), RuncError> {
+        self.run(reaper, "resume", self.command(&["resume", id]), None)
+            .await
+            .map(drop)
+    }
+
+    /// The pids of every process in the container.
+    pub async fn ps(&self, reaper: &Reaper, id: &str) -> Result<Vec<u32>, RuncError> {
+        let output = self
+            .run(
+                reaper,
+                "ps",
+                self.command(&["ps", "--format", "json", id]),
+                None,
+            )
+            .await?;
+        let pids: Option<Vec<u32>> =
+            serde_json::from_slice(&output).map_err(|e| RuncError::Failed {
+                verb: "ps",
+                message: format!("unreadable output: {e}"),
+            })?;
+        Ok(pids.unwrap_or_default())
+    }
+
+    /// Applies an OCI `LinuxResources` JSON document.
+    pub async fn update(
+        &self,
+        reaper: &Reaper,
+        id: &str,
+        resources: Vec<u8>,
+    ) -> Result<(), RuncError> {
+        let command = self.command(&["update", "--resources", "-", id]);
+        self.run(reaper, "update", command, Some(resources))
+            .await
+            .map(drop)
+    }
+
+    pub async fn checkpoint(
+        &self,
+        reaper: &Reaper,
+        id: &str,
+        flags: &CheckpointFlags,
+    ) -> Result<(), RuncError> {
+        let mut command = self.command(&["checkpoint", "--image-path"]);
+        command.arg(&flags.image_path);
+        if !flags.work_path.is_empty() {
+            command.arg("--work-path").arg(&flags.work_path);
+        }
+        let switches = [
+            (flags.leave_running, "--leave-running"),
+            (flags.tcp_established, "--tcp-established"),
+            (flags.external_unix_sockets, "--ext-unix-sk"),
+            (flags.shell_job, "--shell-job"),
+            (flags.file_locks, "--file-locks"),
+        ];
+        for (on, switch) in switches {
+            if on {
+                command.arg(switch);
+            }
+        }
+        for namespace in &flags.empty_namespaces {
+            command.arg("--empty-ns").arg(namespace);
+        }
+        if !flags.cgroups_mode.is_empty() {
+            command
+                .arg("--manage-cgroups-mode")
+                .arg(&flags.cgroups_mode);
+        }
+        command.arg(id);
+        self.run(reaper, "checkpoint", command, None)
+            .await
+            .map(drop)
+    }
+
+    /// Runs a command that hands its stdio to a container process; its errors are in the
+    /// log, since its stderr is the container's.
+    async fn run_with_stdio(
+        &self,
+        reaper: &Reaper,
+        verb: &'static str,
+        mut command: Command,
+        stdio: ProcessStdio,
+    ) -> Result<(), RuncError> {
+        let to_stdio = |fd: Option<OwnedFd>| fd.map(Stdio::from).unwrap_or_else(Stdio::null);
+        command
+            .stdin(to_stdio(stdio.stdin))
+            .stdout(to_stdio(stdio.stdout))
+            .stderr(to_stdio(stdio.stderr));
+        let (_, status) = reaper
+            .spawn(&mut command)
+            .map_err(|source| RuncError::Spawn { verb, source })?;
+        // The command holds the container's stdio; the shim's copies close with it.
+        drop(command);
+        let code = status.await.unwrap_or(255);
+        if code == 0 {
+            return Ok(());
+        }
+        Err(RuncError::Failed {
+            verb,
+            message: last_log_error(&self.log).unwrap_or_else(|| format!("exit status {code}")),
+        })
+    }
+
+    /// Runs a command to its end and returns its stdout.
+    async fn run(
+        &self,
+        reaper: &Reaper,
+        verb: &'static str,
+        mut command: Command,
+        input: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, RuncError> {
+        let spawn_error = |source| RuncError::Spawn { verb, source };
+        command
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let (stdin, stdout, stderr, status) =
+            spawn_with_pipes(reaper, &mut command).map_err(spawn_error)?;
+        let write_input = async {
+            if let (Some(mut stdin), Some(input)) = (stdin, input) {
+                let _ = stdin.write_all(&input).await;
+            }
+        };
+        let (_, out, err) = tokio::join!(write_input, read_all(stdout), read_all(stderr));
+        let code = status.await.unwrap_or(255);
+        if code == 0 {
+            return Ok(out);
+        }
+        let stderr = String::from_utf8_lossy(&err).trim().to_string();
+        let message = last_log_error(&self.log)
+            .or((!stderr.is_empty()).then_some(stderr))
+            .unwrap_or_else(|| format!("exit status {code}"));
+        Err(RuncError::Failed { verb, message })
+    }
+}
+
+type Pipes = (
+    Option<pipe::Sender>,
+    Option<pipe::Receiver>,
+    Option<pipe::Receiver>,
+    tokio::sync::oneshot::Receiver<u32>,
+);
+
+/// Spawns through the reaper and turns the child's pipes into async ones.
+fn spawn_with_pipes(reaper: &Reaper, command: &mut Command) -> std::io::Result<Pipes> {
+    let (_, (stdin, stdout, stderr), status) = reaper.spawn_with(command, |child| {
+        let stdin = child.stdin.take().map(OwnedFd::from);
+        let stdout = child.stdout.take().map(OwnedFd::from);
+        let stderr = child.stderr.take().map(OwnedFd::from);
+        (stdin, stdout, stderr)
+    })?;
+    let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
+    let stdout = stdout.map(pipe::Receiver::from_owned_fd).transpose()?;
+    let stderr = stderr.map(pipe::Receiver::from_owned_fd).transpose()?;
+    Ok((stdin, stdout, stderr, status))
+}
+
+async fn read_all(pipe: Option<pipe::Receiver>) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Some(pipe) = pipe {
+        let _ = pipe.take(MAX_OUTPUT).read_to_end(&mut out).await;
+    }
+    out
+}
+
+/// The message of the last error runc logged, if any.
+pub fn last_log_error(log: &Path) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Entry {
+        level: Option<String>,
+        msg: Option<String>,
+    }
+    let text = std::fs::read(log).ok()?;
+    let text = &text[text.len().saturating_sub(64 * 1024)..];
+    String::from_utf8_lossy(text)
+        .lines()
+        .rev()
+        .filter_map(|line| serde_json::from_str::<Entry>(line).ok())
+        .find(|e| matches!(e.level.as_deref(), Some("error" | "fatal")))
+        .and_then(|e| e.msg)
+}
+
+/// Reads the pid runc wrote.
+pub fn read_pid_file(path: &Path) -> std::io::Result<i32> {
+    std::fs::read_to_string(path)?
+        .trim()
+        .parse()
+        .map_err(std::io::Error::other)
+}
+
+/// The runc options containerd passes (runc's own shim options message).
+#[derive(Debug, Default, Clone)]
+pub struct RuncOptions {
+    pub binary: String,
+    pub root: String,
+    pub systemd_cgroup: bool,
+    pub no_pivot_root: bool,
+    pub no_new_keyring: bool,
+}
+
+/// The runtime for a container of `namespace` in `bundle`, with containerd's defaults.
+pub fn runc_for(options: &RuncOptions, namespace: &str, bundle: &Path) -> Runc {
+    let binary = match options.binary.as_str() {
+        "" => "runc",
+        binary => binary,
+    };
+    let root = match options.root.as_str() {
+        "" => "/run/containerd/runc",
+        root => root,
+    };
+    Runc {
+        binary: binary.to_string(),
+        root: Path::new(root).join(namespace),
+        systemd_cgroup: options.systemd_cgroup,
+        no_pivot_root: options.no_pivot_root,
+        no_new_keyring: options.no_new_keyring,
+        log: bundle.join("log.json"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_error_in_runcs_log_is_the_message() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log.json");
+        std::fs::write(
+            &log,
+            concat!(
+                "{\"level\":\"error\",\"msg\":\"first\"}\n",
+                "{\"level\":\"info\",\"msg\":\"noise\"}\n",
+                "not json\n",
+                "{\"level\":\"error\",\"msg\":\"exec: \\\"nope\\\": not found\"}\n",
+                "{\"level\":\"debug\",\"msg\":\"later\"}\n"
+            ),
+        )
+        .expect("write log");
+        assert_eq!(
+            last_log_error(&log).as_deref(),
+            Some("exec: \"nope\": not found")
+        );
+        assert_eq!(last_log_error(&dir.path().join("missing")), None);
+    }
+
+    #[test]
+    fn gone_containers_are_recognised() {
+        let gone = RuncError::Failed {
+            verb: "kill",
+            message: "container not running".into(),
+        };
+        let other = RuncError::Failed {
+            verb: "kill",
+            message: "permission denied".into(),
+        };
+        assert!(gone.is_gone());
+        assert!(!other.is_gone());
+    }
+}

@@ -1,0 +1,93 @@
+//! The serving shim: the task service on the listener `start` handed over, the reaper, and
+//! the event queue, on one thread.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use containerd_shim::Flags;
+use containerd_shim_protos::shim_async::create_task;
+use containerd_shim_protos::ttrpc::r#async::Server;
+
+use crate::events::Events;
+use crate::reaper::Reaper;
+use crate::service::TaskService;
+use crate::shim::Shim;
+use crate::start::ActionResult;
+
+const LISTENER_FD: i32 = 3;
+
+pub fn run(flags: &Flags) -> ActionResult {
+    // Container processes whose runc parent exits come to the shim to be reaped.
+    nix::sys::prctl::set_child_subreaper(true)?;
+    init_logging(flags.debug);
+    // SAFETY: setting a signal disposition and malloc tunables before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        // One malloc arena: the shim is idle nearly always, and each arena costs memory.
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(flags))
+}
+
+/// Logs to the `log` FIFO containerd reads, when it is there.
+fn init_logging(debug: bool) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("log")
+    else {
+        return;
+    };
+    let logger = containerd_shim::logger::FifoLogger::with_file(file);
+    if log::set_boxed_logger(Box::new(logger)).is_ok() {
+        log::set_max_level(if debug {
+            log::LevelFilter::Debug
+        } else {
+            log::LevelFilter::Info
+        });
+    }
+}
+
+async fn serve(flags: &Flags) -> ActionResult {
+    let (reaper, exits) = Reaper::new();
+    reaper.clone().watch()?;
+    let ttrpc_address =
+        std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
+    let events = Events::start(ttrpc_address, flags.namespace.clone());
+    let shim = Arc::new(Shim::new(&flags.namespace, reaper, events));
+    tokio::spawn(shim.clone().handle_exits(exits));
+
+    let service = Arc::new(TaskService(shim.clone()));
+    let mut services = create_task(service.clone());
+    // containerd 1.6 and 2.x call a shim that printed a bare address as task v2; the
+    // messages are the same as v3's.
+    if let Some(v2) = create_task(service).remove("containerd.task.v3.Task") {
+        services.insert("containerd.task.v2.Task".to_string(), v2);
+    }
+    // SAFETY: fd 3 is the listener `start` passed, owned by nothing else here.
+    let listener = unsafe { OwnedFd::from_raw_fd(LISTENER_FD) };
+    let listener = std::os::unix::net::UnixListener::from(listener);
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let mut server = Server::new()
+        .add_listener(listener.into())
+        .register_service(services);
+    server.start().await?;
+    log::info!(
+        "shim serving {} in namespace {}",
+        flags.socket,
+        flags.namespace
+    );
+
+    shim.shutdown.notified().await;
+    // Let the Shutdown answer go out first.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _ = std::fs::remove_file(flags.socket.trim_start_matches("unix://"));
+    log::info!("shim exiting: no containers left");
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The `start` action: find or start the pod's shim and print its address.
+//!
+//! Containers of one pod share a shim, as with containerd's runc shim: the group is the
+//! pod's sandbox id from the bundle's spec. The shim's socket name is a hash of containerd's
+//! address, the namespace and the group; when that socket answers, the container joins it.
+//! The address is printed bare, which containerd 1.6 and 2.x both read as a task v2 shim.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use containerd_shim::Flags;
+use containerd_shim_protos::protobuf::Message;
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::shim::oci::Options;
+
+use crate::container::BundleSpec;
+
+/// The annotation naming a container's pod (containerd's CRI and crius set it).
+const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// The fd the serving shim finds its listener on.
+const LISTENER_FD: RawFd = 3;
+
+pub type ActionResult = Result<(), Box<dyn std::error::Error>>;
+
+pub fn run(flags: &Flags) -> ActionResult {
+    let bundle = std::env::current_dir()?;
+    let group = group_of(&bundle, &flags.id);
+    let address = containerd_shim::socket_address(
+        &flags.address,
+        &flags.namespace,
+        &format!("{group}/crius"),
+    );
+    let path = address.trim_start_matches("unix://").to_string();
+    if let Some(dir) = Path::new(&path).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match bind(&path)? {
+        Some(listener) => {
+            let options = read_options();
+            let pid = spawn_server(flags, &bundle, &address, &listener)?;
+            let shim_cgroup = options.map(|o| o.shim_cgroup).unwrap_or_default();
+            containerd_shim::cgroup::set_cgroup_and_oom_score(pid, &shim_cgroup)?;
+        }
+        None => log::debug!("container {} joins the shim at {address}", flags.id),
+    }
+    write_address(&bundle, &address)?;
+    std::io::stdout().write_all(address.as_bytes())?;
+    Ok(())
+}
+
+/// The pod a container belongs to: its sandbox id, or itself.
+fn group_of(bundle: &Path, id: &str) -> String {
+    BundleSpec::read(bundle)
+        .ok()
+        .and_then(|spec| spec.annotations.get(SANDBOX_ID).cloned())
+        .filter(|g| !g.is_empty())
+        .unwrap_or_else(|| id.to_string())
+}
+
+/// Binds the socket; None when a live shim serves it already. A socket nobody answers on
+/// is left from a dead shim and is replaced.
+fn bind(path: &str) -> std::io::Result<Option<UnixListener>> {
+    match UnixListener::bind(path) {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            if UnixStream::connect(path).is_ok() {
+                return Ok(None);
+            }
+            std::fs::remove_file(path)?;
+            UnixListener::bind(path).map(Some)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The runc options containerd writes to the shim's stdin (for its cgroup).
+fn read_options() -> Option<Options> {
+    let mut data = Vec::new();
+    std::io::stdin().take(1 << 20).read_to_end(&mut data).ok()?;
+    let any = Any::parse_from_bytes(&data).ok()?;
+    if !any.type_url.ends_with("containerd.runc.v1.Options") {
+        return None;
+    }
+    Options::parse_from_bytes(&any.value).ok()
+}
+
+/// Starts the serving shim in its own session, with the listener as fd 3 and no stdio
+/// (containerd waits for the start action's output to close).
+fn spawn_server(
+    flags: &Flags,
+    bundle: &Path,
+    address: &str,
+    listener: &UnixListener,
+) -> std::io::Result<u32> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args(["-namespace", &flags.namespace, "-id", &flags.id])
+        .args(["-address", &flags.address])
+        .args(["-publish-binary", &flags.publish_binary])
+        .args(["-socket", address]);
+    if flags.debug {
+        command.arg("-debug");
+    }
+    let fd = listener.as_raw_fd();
+    command
+        .current_dir(bundle)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if fd != LISTENER_FD && libc::dup2(fd, LISTENER_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::fcntl(LISTENER_FD, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
+    Ok(child.id())
+}
+
+/// Writes the `address` file containerd reads when it reconnects after a restart.
+fn write_address(bundle: &Path, address: &str) -> std::io::Result<()> {
+    let temp = bundle.join(".address.tmp");
+    std::fs::write(&temp, address)?;
+    std::fs::rename(&temp, bundle.join("address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containers_group_by_their_sandbox_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(group_of(dir.path(), "c1"), "c1");
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"annotations":{"io.kubernetes.cri.sandbox-id":"pod1"}}"#,
+        )
+        .expect("write spec");
+        assert_eq!(group_of(dir.path(), "c1"), "pod1");
+    }
+
+    #[test]
+    fn a_dead_shims_socket_is_replaced_and_a_live_one_is_joined() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let path = path.to_str().expect("utf-8 path");
+        let first = bind(path).expect("bind").expect("listener");
+        assert!(
+            bind(path).expect("bind again").is_none(),
+            "live socket joined"
+        );
+        drop(first);
+        assert!(
+            bind(path).expect("rebind").is_some(),
+            "dead socket replaced"
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! crius's own shim (`containerd-shim-crius-v2`, the default handler) under the real
+//! containerd: one process per pod parenting all its containers, the task verbs crius does
+//! not call itself (through containerd, as other clients would), the cleanup containerd
+//! does when a shim dies, and containerd's Go shim kept as a handler.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::pod::{Pod, container, pod, pod_on};
+use common::{Crius, eventually, pod_config};
+use crius::api::v1::{
+    ContainerState, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode,
+    NamespaceOption,
+};
+
+const CRIUS_SHIM: &str = "containerd-shim-crius-v2";
+const GO_SHIM: &str = "containerd-shim-runc-v2";
+
+/// The serving shims (not their short-lived `start`/`delete` runs) of this crius's
+/// namespace.
+fn shims(crius: &Crius, binary: &str) -> Vec<i32> {
+    let pattern = format!(
+        "{binary} -namespace {} .*-address {}",
+        crius.config.containerd.namespace,
+        crius.config.containerd.address.display()
+    );
+    let out = Command::new("pgrep")
+        .args(["-f", &pattern])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|pid| !is_action(*pid))
+        .collect()
+}
+
+/// Whether a shim process is a `start` or `delete` run rather than a serving shim.
+fn is_action(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            let last = c
+                .split(|b| *b == 0)
+                .rfind(|a| !a.is_empty())
+                .unwrap_or_default()
+                .to_vec();
+            last == b"start" || last == b"delete"
+        })
+        .unwrap_or(true)
+}
+
+fn parent_of(pid: u64) -> i32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("PPid")
+}
+
+async fn container_pid(pod: &mut Pod, id: &str) -> u64 {
+    let (_, info) = pod.status(id).await;
+    info["pid"].as_u64().expect("pid in the verbose info")
+}
+
+async fn shim_count_becomes(crius: &Crius, binary: &str, count: usize) -> bool {
+    eventually(Duration::from_secs(10), || async move {
+        shims(crius, binary).len() == count
+    })
+    .await
+}
+
+#[tokio::test]
+async fn one_shim_per_pod_parents_all_of_its_containers() {
+    let crius = Crius::start().await;
+    let mut first = pod(&crius, "shim-one").await;
+    let a = first
+        .run(container("a", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let b = first
+        .run(container("b", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let mut second = pod(&crius, "shim-two").await;
+    let c = second
+        .run(container("c", "busybox:latest", &["sleep", "1000"]))
+        .await;
+
+    let running = shims(&crius, CRIUS_SHIM);
+    assert_eq!(running.len(), 2, "one shim per pod: {running:?}");
+    assert!(shims(&crius, GO_SHIM).is_empty(), "the Go shim is not used");
+    let parent_a = parent_of(container_pid(&mut first, &a).await);
+    let parent_b = parent_of(container_pid(&mut first, &b).await);
+    let parent_c = parent_of(container_pid(&mut second, &c).await);
+    assert_eq!(parent_a, parent_b, "one pod, one shim");
+    assert_ne!(parent_a, parent_c, "another pod, another shim");
+    assert!(running.contains(&parent_a) && running.contains(&parent_c));
+
+    // A container's exit reaches crius through the shim's events, with its code.
+    let quitter = first
+        .run(container(
+            "quitter",
+            "busybox:latest",
+            &["sh", "-c", "exit 7"],
+        ))
+        .await;
+    let status = first.wait_exited(&quitter).await;
+    assert_eq!(status.exit_code, 7);
+    assert_eq!(shims(&crius, CRIUS_SHIM).len(), 2, "an exit ends no shim");
+
+    // The shim of a removed pod exits; the other stays.
+    first.remove_pod().await;
+    assert!(shim_count_becomes(&crius, CRIUS_SHIM, 1).await);
+    assert_eq!(shims(&crius, CRIUS_SHIM), vec![parent_c]);
+    second.remove_pod().await;
+    assert!(shim_count_becomes(&crius, CRIUS_SHIM, 0).await);
+}
+
+#[tokio::test]
+async fn pause_resume_pids_metrics_and_checkpoint_through_containerd() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "shim-verbs").await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let pid = container_pid(&mut pod, &id).await;
+    let state = |crius: &Crius| {
+        crius
+            .ctr(&["tasks", "ls"])
+            .lines()
+            .find(|l| l.starts_with(&id))
+            .map(|l| l.split_whitespace().last().unwrap_or_default().to_string())
+            .unwrap_or_default()
+    };
+
+    crius.ctr(&["tasks", "pause", &id]);
+    assert_eq!(state(&crius), "PAUSED");
+    let freezer = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    assert!(freezer.contains("State:"), "{freezer}");
+    crius.ctr(&["tasks", "resume", &id]);
+    assert_eq!(state(&crius), "RUNNING");
+
+    let ps = crius.ctr(&["tasks", "ps", &id]);
+    assert!(ps.contains(&pid.to_string()), "{ps}");
+
+    let metrics = crius.ctr(&["tasks", "metrics", "--format", "json", &id]);
+    let metrics: serde_json::Value = serde_json::from_str(&metrics).expect("metrics JSON");
+    assert!(
+        metrics["memory"]["usage"]["usage"].as_u64().unwrap_or(0) > 0
+            || metrics["memory"]["usage"].as_u64().unwrap_or(0) > 0,
+        "{metrics}"
+    );
+    assert_eq!(metrics["pids"]["current"], 1, "{metrics}");
+
+    // An exec shows up in the pids with its exec id.
+    let (out, _, code) = pod
+        .exec(&id, &["sh", "-c", "echo $$"], 10)
+        .await
+        .expect("exec");
+    assert_eq!(code, 0);
+    assert!(out.trim().parse::<u32>().is_ok(), "{out}");
+
+    // A checkpoint runs runc and CRIU, and leaves the container running. Bookworm's CRIU
+    // 3.17 cannot dump on newer kernels (it rejects their vDSO); then the shim reports
+    // CRIU's failure, with its log, as containerd's Go shim does.
+    let dir = crius.dir.path().join("checkpoint");
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&crius.config.containerd.address)
+        .args(["-n", &crius.config.containerd.namespace])
+        .args(["tasks", "checkpoint", "--image-path"])
+        .arg(&dir)
+        .arg(&id)
+        .output()
+        .expect("ctr");
+    if out.status.success() {
+        let images = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        assert!(images > 0, "no checkpoint written in {}", dir.display());
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("criu failed") && err.contains("dump.log"),
+            "checkpoint failed otherwise than in CRIU: {err}"
+        );
+    }
+    assert_eq!(state(&crius), "RUNNING");
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn a_killed_shim_is_cleaned_up_and_its_containers_exit() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "shim-killed").await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let pid = container_pid(&mut pod, &id).await;
+    let shim = parent_of(pid);
+    assert!(shims(&crius, CRIUS_SHIM).contains(&shim));
+
+    Command::new("kill")
+        .args(["-9", &shim.to_string()])
+        .status()
+        .expect("kill");
+    // containerd runs the shim's `delete` action: the container is force-deleted, and its
+    // exit (137) reaches crius.
+    let status = pod.wait_exited(&id).await;
+    assert_eq!(status.exit_code, 137, "{status:?}");
+    let gone = eventually(Duration::from_secs(10), || async move {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    })
+    .await;
+    assert!(gone, "the container process outlived its shim");
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("mounts");
+    assert!(
+        !mounts
+            .lines()
+            .any(|l| l.contains(&id) && l.contains("rootfs")),
+        "the rootfs stayed mounted"
+    );
+    pod.remove_pod().await;
+    assert!(!crius.ctr(&["tasks", "ls"]).contains(&id));
+    assert!(!crius.ctr(&["containers", "ls", "-q"]).contains(&id));
+}
+
+#[tokio::test]
+async fn containerds_go_shim_stays_a_handler() {
+    let crius = Crius::start().await;
+    let mut config = pod_config("go-shim");
+    config.linux = Some(LinuxPodSandboxConfig {
+        security_context: Some(LinuxSandboxSecurityContext {
+            namespace_options: Some(NamespaceOption {
+                network: NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let mut pod = pod_on(&crius, config, "containerd-runc").await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (out, _, code) = pod.exec(&id, &["echo", "hi"], 10).await.expect("exec");
+    assert_eq!((out.as_str(), code), ("hi\n", 0));
+    let pid = container_pid(&mut pod, &id).await;
+    let go = shims(&crius, GO_SHIM);
+    assert!(go.contains(&parent_of(pid)), "{go:?}");
+    assert!(shims(&crius, CRIUS_SHIM).is_empty());
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+    pod.remove_pod().await;
+}
