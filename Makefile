@@ -12,9 +12,10 @@ build:
 release: shim
 	cargo build --release
 
-# crius's shim, containerd-shim-crius-v2 (small and static: one runs per pod).
+# crius's shim, containerd-shim-crius-v2 (small and static: one runs per pod), in
+# target/crius-shim/.
 shim:
-	cargo build -p crius-shim --profile shim
+	scripts/build-shim.sh
 
 run: release
 	scripts/run.sh

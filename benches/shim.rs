@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::pod::image;
-use common::{Crius, pod_config};
+use common::{Crius, TestNetwork, pod_config};
 use crius::api::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PodSandboxConfig,
     PullImageRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
@@ -153,7 +153,15 @@ async fn pull(client: &mut CriClient) {
 
 #[tokio::main]
 async fn main() {
-    let crius = Crius::start().await;
+    let mut network = None;
+    let crius = Crius::start_with(
+        |config| {
+            network = Some(TestNetwork::install(config, 151));
+            config.log.level = "info".to_string();
+        },
+        &[],
+    )
+    .await;
     let namespace = crius.config.containerd.namespace.clone();
     let mut client = crius.client().await;
     pull(&mut client).await;
@@ -214,4 +222,5 @@ async fn main() {
         "| shim RSS per pod | {ours:.2} MiB ({our_count} shims) | {go:.2} MiB ({go_count} shims) | {:.2} |",
         ours / go.max(f64::MIN_POSITIVE)
     );
+    drop(network);
 }

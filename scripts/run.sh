@@ -13,7 +13,7 @@ mkdir -p "$RUN_DIR"
 
 # containerd finds crius's shim (the default handler's) on its PATH: put the one just built
 # where every containerd looks, /usr/local/bin.
-SHIM=$ROOT/target/shim/containerd-shim-crius-v2
+SHIM=$ROOT/target/crius-shim/containerd-shim-crius-v2
 if ! cmp -s "$SHIM" /usr/local/bin/containerd-shim-crius-v2; then
   echo "[run] installing $SHIM to /usr/local/bin" >&2
   install -m 0755 "$SHIM" /usr/local/bin/containerd-shim-crius-v2

@@ -18,9 +18,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TB=${CRIUS_TESTBED:-$ROOT/.testbed}
-# crius's shim, as `cargo build -p crius-shim --profile shim` builds it: containerd finds it
-# on its PATH.
-SHIM_DIR=$ROOT/target/shim
+# crius's shim, as scripts/build-shim.sh builds it: containerd finds it on its PATH.
+SHIM_DIR=$ROOT/target/crius-shim
 REGISTRY_ADDR=${CRIUS_TEST_REGISTRY:-127.0.0.1:5010}
 AUTH_REGISTRY_ADDR=${CRIUS_TEST_AUTH_REGISTRY:-127.0.0.1:5011}
 AUTH_USER=crius
@@ -498,8 +497,7 @@ test_against() {
 }
 
 build_shim() {
-  cargo build -p crius-shim --profile shim
-  log "shim: $SHIM_DIR/containerd-shim-crius-v2 ($(stat -c %s "$SHIM_DIR/containerd-shim-crius-v2") bytes)"
+  "$ROOT/scripts/build-shim.sh"
 }
 
 run_tests() {
@@ -542,6 +540,7 @@ run_benches() {
   export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
   # First, while the test bed's containerd holds nothing but the test images.
   cargo bench --bench lifecycle
+  cargo bench --bench shim
   cargo bench --bench pull
   cargo bench --bench stats
 }

@@ -21,16 +21,25 @@ pub fn run(flags: &Flags) -> ActionResult {
     // Container processes whose runc parent exits come to the shim to be reaped.
     nix::sys::prctl::set_child_subreaper(true)?;
     init_logging(flags.debug);
-    // SAFETY: setting a signal disposition and malloc tunables before any thread exists.
+    // SAFETY: setting a signal disposition before any thread exists.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        // One malloc arena: the shim is idle nearly always, and each arena costs memory.
-        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
+    one_malloc_arena();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(serve(flags))
+}
+
+/// One malloc arena with glibc: the shim is idle nearly always, and each arena costs memory
+/// (musl's allocator has none).
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: a malloc tunable, set before any thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
 
 /// Logs to the `log` FIFO containerd reads, when it is there.
