@@ -97,6 +97,21 @@ async fn one_shim_per_pod_parents_all_of_its_containers() {
     assert_ne!(parent_a, parent_c, "another pod, another shim");
     assert!(running.contains(&parent_a) && running.contains(&parent_c));
 
+    // An exec ended by a real-time signal is an exit like any other (128 + the signal).
+    let (_, _, code) = first
+        .exec(&a, &["sh", "-c", "kill -40 $$"], 10)
+        .await
+        .expect("exec");
+    assert_eq!(code, 128 + 40);
+    // An exec that cannot start fails at once, and the next one works.
+    let err = first.exec(&a, &["/no/such/program"], 10).await;
+    assert!(
+        err.as_ref().map(|(_, _, code)| *code != 0).unwrap_or(true),
+        "{err:?}"
+    );
+    let (out, _, code) = first.exec(&a, &["echo", "ok"], 10).await.expect("exec");
+    assert_eq!((out.as_str(), code), ("ok\n", 0));
+
     // A container's exit reaches crius through the shim's events, with its code.
     let quitter = first
         .run(container(

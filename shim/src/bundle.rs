@@ -50,12 +50,13 @@ pub fn mount_rootfs(bundle: &Path, mounts: &[Mount]) -> Result<Option<PathBuf>, 
     Ok(Some(target))
 }
 
-/// Unmounts everything on the rootfs, detaching what is busy.
+/// Unmounts everything on the rootfs. A busy mount stays (and is logged) rather than being
+/// detached under a process that still uses it, as with containerd's shim.
 pub fn unmount_rootfs(target: &Path) {
     let Some(path) = target.to_str() else {
         return;
     };
-    if let Err(e) = containerd_shim::mount::umount_recursive(Some(path), libc::MNT_DETACH) {
+    if let Err(e) = containerd_shim::mount::umount_recursive(Some(path), 0) {
         log::warn!("unmount {path}: {e}");
     }
 }

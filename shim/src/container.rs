@@ -20,6 +20,8 @@ pub struct Container {
     /// Whether the container has a PID namespace of its own: when it does not, its init's
     /// exit does not end its other processes, and the shim kills them.
     pub own_pid_namespace: bool,
+    /// The init's cgroup, found at create (a pid can be reused after the init exits).
+    pub cgroup: Option<cgroups_rs::fs::Cgroup>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     oom_watch: Mutex<Option<JoinHandle<()>>>,
 }
@@ -32,6 +34,7 @@ impl Container {
         init: Arc<Process>,
         rootfs: Option<PathBuf>,
         own_pid_namespace: bool,
+        cgroup: Option<cgroups_rs::fs::Cgroup>,
     ) -> Self {
         Self {
             id: id.to_string(),
@@ -40,12 +43,13 @@ impl Container {
             init,
             rootfs,
             own_pid_namespace,
+            cgroup,
             execs: Mutex::new(HashMap::new()),
             oom_watch: Mutex::new(None),
         }
     }
 
-    fn execs(&self) -> MutexGuard<'_, HashMap<String, Arc<Process>>> {
+    fn exec_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Process>>> {
         self.execs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -54,13 +58,13 @@ impl Container {
         if exec_id.is_empty() {
             Some(self.init.clone())
         } else {
-            self.execs().get(exec_id).cloned()
+            self.exec_map().get(exec_id).cloned()
         }
     }
 
     /// Adds an exec; false when the id is taken.
     pub fn add_exec(&self, process: Arc<Process>) -> bool {
-        let mut execs = self.execs();
+        let mut execs = self.exec_map();
         if execs.contains_key(&process.exec_id) {
             return false;
         }
@@ -68,12 +72,16 @@ impl Container {
         true
     }
 
+    pub fn execs(&self) -> Vec<Arc<Process>> {
+        self.exec_map().values().cloned().collect()
+    }
+
     pub fn remove_exec(&self, exec_id: &str) -> Option<Arc<Process>> {
-        self.execs().remove(exec_id)
+        self.exec_map().remove(exec_id)
     }
 
     pub fn exec_pids(&self) -> HashMap<i32, String> {
-        self.execs()
+        self.exec_map()
             .values()
             .map(|p| (p.pid(), p.exec_id.clone()))
             .collect()

@@ -4,9 +4,12 @@
 
 mod bundle;
 mod container;
+mod control;
+mod create;
 mod delete;
 mod error;
 mod events;
+mod exec;
 mod oom;
 mod process;
 mod reaper;

@@ -31,6 +31,17 @@ struct ProcessState {
     pid: i32,
     status: Status,
     io: ProcessIo,
+    start: StartState,
+    /// An exit that came while the process was being started: handled once the start
+    /// event is out, so a client never sees the exit before the start.
+    held_exit: Option<Exit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StartState {
+    NotStarted,
+    Starting,
+    Started,
 }
 
 /// A process's state as the task service reports it.
@@ -57,6 +68,8 @@ impl Process {
                 pid: 0,
                 status: Status::CREATED,
                 io: ProcessIo::default(),
+                start: StartState::NotStarted,
+                held_exit: None,
             }),
             exited: watch::channel(None).0,
         }
@@ -108,6 +121,37 @@ impl Process {
         if state.status != Status::STOPPED {
             state.status = status;
         }
+    }
+
+    /// Marks the process as being started; false when it is started or starting already.
+    pub fn begin_start(&self) -> bool {
+        let mut state = self.state();
+        if state.start != StartState::NotStarted {
+            return false;
+        }
+        state.start = StartState::Starting;
+        true
+    }
+
+    /// Ends a start (successful or not) and returns an exit that came meanwhile.
+    pub fn end_start(&self, started: bool) -> Option<Exit> {
+        let mut state = self.state();
+        state.start = if started {
+            StartState::Started
+        } else {
+            StartState::NotStarted
+        };
+        state.held_exit.take()
+    }
+
+    /// Keeps an exit while the process is being started; true when it was kept.
+    pub fn hold_exit(&self, exit: Exit) -> bool {
+        let mut state = self.state();
+        if state.start != StartState::Starting {
+            return false;
+        }
+        state.held_exit.get_or_insert(exit);
+        true
     }
 
     /// Records the exit and lets go of the stdio; false when it was recorded already.
@@ -171,5 +215,21 @@ mod tests {
         // A stopped process stays stopped.
         process.set_status(Status::RUNNING);
         assert_eq!(process.snapshot().status, Status::STOPPED);
+    }
+
+    #[test]
+    fn an_exit_during_the_start_waits_for_its_end_and_starts_happen_once() {
+        let process = Process::new("c", "e", StdioPaths::default(), None);
+        let exit = Exit {
+            status: 1,
+            at: SystemTime::now(),
+        };
+        assert!(!process.hold_exit(exit), "nothing is held outside a start");
+        assert!(process.begin_start());
+        assert!(!process.begin_start(), "a second start is refused");
+        assert!(process.hold_exit(exit));
+        assert_eq!(process.exit(), None);
+        assert_eq!(process.end_start(true), Some(exit));
+        assert!(!process.begin_start(), "started once");
     }
 }

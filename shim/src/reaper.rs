@@ -8,8 +8,6 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot};
 
@@ -77,13 +75,7 @@ impl Reaper {
 
     fn reap_all(&self) {
         let mut commands = self.commands.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            let (pid, status) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) => (pid.as_raw(), code as u32),
-                Ok(WaitStatus::Signaled(pid, signal, _)) => (pid.as_raw(), 128 + signal as u32),
-                Ok(WaitStatus::StillAlive) | Err(_) => return,
-                Ok(_) => continue,
-            };
+        while let Some((pid, status)) = reap_one() {
             match commands.remove(&pid) {
                 Some(waiter) => {
                     let _ = waiter.send(status);
@@ -97,6 +89,26 @@ impl Reaper {
                 }
             }
         }
+    }
+}
+
+/// Reaps one ended child: its pid and exit status (128 + the signal that killed it, any
+/// signal, real-time ones too). None when no child has ended.
+fn reap_one() -> Option<(i32, u32)> {
+    loop {
+        let mut raw = 0;
+        // SAFETY: waitpid writes the status of a child into `raw`.
+        let pid = unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) };
+        if pid <= 0 {
+            return None;
+        }
+        if libc::WIFEXITED(raw) {
+            return Some((pid, libc::WEXITSTATUS(raw) as u32));
+        }
+        if libc::WIFSIGNALED(raw) {
+            return Some((pid, 128 + libc::WTERMSIG(raw) as u32));
+        }
+        // Stopped or continued: not an end.
     }
 }
 
@@ -123,5 +135,11 @@ mod tests {
         let exit = exits.recv().await.expect("exit");
         assert_eq!(exit.pid, child.id() as i32);
         assert_eq!(exit.status, 137);
+
+        // A real-time signal is an exit too.
+        let (_, status) = reaper
+            .spawn(Command::new("sh").args(["-c", "kill -40 $$"]))
+            .expect("spawn sh");
+        assert_eq!(status.await.expect("status"), 128 + 40);
     }
 }

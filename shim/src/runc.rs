@@ -273,6 +273,7 @@ impl Runc {
             .stdin(to_stdio(stdio.stdin))
             .stdout(to_stdio(stdio.stdout))
             .stderr(to_stdio(stdio.stderr));
+        let log_start = log_length(&self.log);
         let (_, status) = reaper
             .spawn(&mut command)
             .map_err(|source| RuncError::Spawn { verb, source })?;
@@ -284,7 +285,8 @@ impl Runc {
         }
         Err(RuncError::Failed {
             verb,
-            message: last_log_error(&self.log).unwrap_or_else(|| format!("exit status {code}")),
+            message: last_log_error(&self.log, log_start)
+                .unwrap_or_else(|| format!("exit status {code}")),
         })
     }
 
@@ -305,6 +307,7 @@ impl Runc {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let log_start = log_length(&self.log);
         let (stdin, stdout, stderr, status) =
             spawn_with_pipes(reaper, &mut command).map_err(spawn_error)?;
         let write_input = async {
@@ -318,7 +321,7 @@ impl Runc {
             return Ok(out);
         }
         let stderr = String::from_utf8_lossy(&err).trim().to_string();
-        let message = last_log_error(&self.log)
+        let message = last_log_error(&self.log, log_start)
             .or((!stderr.is_empty()).then_some(stderr))
             .unwrap_or_else(|| format!("exit status {code}"));
         Err(RuncError::Failed { verb, message })
@@ -354,16 +357,27 @@ async fn read_all(pipe: Option<pipe::Receiver>) -> Vec<u8> {
     out
 }
 
-/// The message of the last error runc logged, if any.
-pub fn last_log_error(log: &Path) -> Option<String> {
+fn log_length(log: &Path) -> u64 {
+    std::fs::metadata(log).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The message of the last error runc logged past byte `start` (what one command logged),
+/// if any.
+pub fn last_log_error(log: &Path, start: u64) -> Option<String> {
     #[derive(Deserialize)]
     struct Entry {
         level: Option<String>,
         msg: Option<String>,
     }
-    let text = std::fs::read(log).ok()?;
-    let text = &text[text.len().saturating_sub(64 * 1024)..];
-    String::from_utf8_lossy(text)
+    use std::io::{Read, Seek};
+    let mut file = std::fs::File::open(log).ok()?;
+    let length = file.metadata().ok()?.len();
+    // The tail of what this command wrote is enough for its error.
+    let from = start.max(length.saturating_sub(64 * 1024));
+    file.seek(std::io::SeekFrom::Start(from)).ok()?;
+    let mut text = Vec::new();
+    file.take(64 * 1024).read_to_end(&mut text).ok()?;
+    String::from_utf8_lossy(&text)
         .lines()
         .rev()
         .filter_map(|line| serde_json::from_str::<Entry>(line).ok())
@@ -429,10 +443,21 @@ mod tests {
         )
         .expect("write log");
         assert_eq!(
-            last_log_error(&log).as_deref(),
+            last_log_error(&log, 0).as_deref(),
             Some("exec: \"nope\": not found")
         );
-        assert_eq!(last_log_error(&dir.path().join("missing")), None);
+        assert_eq!(last_log_error(&dir.path().join("missing"), 0), None);
+        // Only what a command appended counts: an older error is not its error.
+        let end = log_length(&log);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .and_then(|mut f| {
+                use std::io::Write;
+                f.write_all(b"{\"level\":\"info\",\"msg\":\"fine\"}\n")
+            })
+            .expect("append");
+        assert_eq!(last_log_error(&log, end), None);
     }
 
     #[test]

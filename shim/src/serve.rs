@@ -26,8 +26,11 @@ pub fn run(flags: &Flags) -> ActionResult {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
     one_malloc_arena();
+    // Blocking work (mounts) is rare: its threads go soon after.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(4)
+        .thread_keep_alive(Duration::from_secs(1))
         .build()?;
     runtime.block_on(serve(flags))
 }
@@ -68,7 +71,7 @@ async fn serve(flags: &Flags) -> ActionResult {
     let ttrpc_address =
         std::env::var("TTRPC_ADDRESS").unwrap_or_else(|_| format!("{}.ttrpc", flags.address));
     let events = Events::start(ttrpc_address, flags.namespace.clone());
-    let shim = Arc::new(Shim::new(&flags.namespace, reaper, events));
+    let shim = Arc::new(Shim::new(&flags.namespace, reaper, events.clone()));
     tokio::spawn(shim.clone().handle_exits(exits));
 
     let service = Arc::new(TaskService(shim.clone()));
@@ -80,6 +83,12 @@ async fn serve(flags: &Flags) -> ActionResult {
     }
     // SAFETY: fd 3 is the listener `start` passed, owned by nothing else here.
     let listener = unsafe { OwnedFd::from_raw_fd(LISTENER_FD) };
+    // Not for runc, nor the hooks it runs: a listener kept alive by them would make a dead
+    // shim's socket look alive to the next `start`.
+    nix::fcntl::fcntl(
+        &listener,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
     let listener = std::os::unix::net::UnixListener::from(listener);
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
@@ -94,8 +103,11 @@ async fn serve(flags: &Flags) -> ActionResult {
     );
 
     shim.shutdown.notified().await;
-    // Let the Shutdown answer go out first.
+    // Let the Shutdown answer and the last events go out first.
     tokio::time::sleep(Duration::from_millis(20)).await;
+    events.flush(Duration::from_secs(2)).await;
+    // The publisher forwards from a queue of its own.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let _ = std::fs::remove_file(flags.socket.trim_start_matches("unix://"));
     log::info!("shim exiting: no containers left");
     Ok(())

@@ -18,9 +18,10 @@ use containerd_shim_protos::shim_async::Task;
 use containerd_shim_protos::ttrpc;
 use containerd_shim_protos::ttrpc::r#async::TtrpcContext;
 
+use crate::create::CreateRequest;
 use crate::error::ShimError;
 use crate::runc::{CheckpointFlags, RuncOptions};
-use crate::shim::{CreateRequest, Shim, timestamp};
+use crate::shim::{Shim, timestamp};
 use crate::stdio::StdioPaths;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -76,7 +77,7 @@ impl Task for TaskService {
             let container = self.0.container(&req.id)?;
             let snapshot = process.snapshot();
             Ok(StateResponse {
-                id: req.id.clone(),
+                id: process.event_id().to_string(),
                 bundle: container.bundle.display().to_string(),
                 pid: snapshot.pid as u32,
                 status: snapshot.status.into(),
@@ -315,11 +316,11 @@ impl Task for TaskService {
 
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> Answer<StatsResponse> {
         logged("Stats", &req.id, async {
-            let pid = self.0.init_pid(&req.id);
-            if pid <= 0 {
-                return Err(ShimError::NotFound(format!("container {}", req.id)));
-            }
-            let stats = crate::stats::collect(pid as u32)?;
+            let container = self.0.container(&req.id)?;
+            let cgroup = container.cgroup.as_ref().ok_or_else(|| {
+                ShimError::FailedPrecondition(format!("container {} has no cgroup", req.id))
+            })?;
+            let stats = crate::stats::collect(cgroup)?;
             Ok(StatsResponse {
                 stats: Some(stats).into(),
                 ..Default::default()
@@ -344,6 +345,7 @@ impl Task for TaskService {
         logged("Shutdown", &req.id, async {
             // Other containers of the pod keep the shim.
             if self.0.is_empty() {
+                log::debug!("last container gone: shutting down");
                 self.0.shutdown.notify_one();
             }
             Ok(Empty::new())

@@ -7,15 +7,14 @@ use containerd_shim_protos::protobuf::well_known_types::any::Any;
 
 use crate::error::ShimError;
 
-pub fn collect(pid: u32) -> Result<Any, ShimError> {
-    let group = cgroup::get_cgroup(pid).map_err(|e| ShimError::Internal(e.to_string()))?;
+pub fn collect(group: &cgroups_rs::fs::Cgroup) -> Result<Any, ShimError> {
     if group.v2() {
         let metrics =
-            cgroup::collect_metrics_v2(&group).map_err(|e| ShimError::Internal(e.to_string()))?;
+            cgroup::collect_metrics_v2(group).map_err(|e| ShimError::Internal(e.to_string()))?;
         pack(&metrics)
     } else {
         let metrics =
-            cgroup::collect_metrics(&group).map_err(|e| ShimError::Internal(e.to_string()))?;
+            cgroup::collect_metrics(group).map_err(|e| ShimError::Internal(e.to_string()))?;
         pack(&metrics)
     }
 }

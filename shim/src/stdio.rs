@@ -21,6 +21,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
+use crate::error::ShimError;
 use crate::runc::ProcessStdio;
 
 const COPY_BUFFER: usize = 32 * 1024;
@@ -87,24 +88,33 @@ impl ProcessIo {
 }
 
 /// Opens the FIFOs of a process without a terminal: what runc hands the process, and what
-/// the shim keeps.
-pub fn open_direct(paths: &StdioPaths) -> io::Result<(ProcessStdio, ProcessIo)> {
+/// the shim keeps. Outputs may also be `file://` paths (appended to); `binary://` loggers
+/// are not supported.
+pub fn open_direct(paths: &StdioPaths) -> Result<(ProcessStdio, ProcessIo), ShimError> {
     let mut io = ProcessIo::default();
-    let stdin = match paths.stdin.as_str() {
-        "" => None,
-        path => {
-            let (hold, reader) = open_stdin(Path::new(path))?;
+    let stdin = match Target::of(&paths.stdin)? {
+        Target::None => None,
+        Target::Fifo(path) => {
+            let (hold, reader) = open_stdin(path).map_err(stdio_error)?;
             io.stdin_hold = Some(hold);
             Some(reader)
         }
-    };
-    let mut output = |path: &str| -> io::Result<Option<OwnedFd>> {
-        if path.is_empty() {
-            return Ok(None);
+        Target::File(_) => {
+            return Err(ShimError::InvalidArgument(
+                "stdin cannot be a file:// URI".into(),
+            ));
         }
-        let (hold, writer) = open_output(Path::new(path))?;
-        io.held.push(hold);
-        Ok(Some(writer))
+    };
+    let mut output = |path: &str| -> Result<Option<OwnedFd>, ShimError> {
+        match Target::of(path)? {
+            Target::None => Ok(None),
+            Target::Fifo(path) => {
+                let (hold, writer) = open_output(path).map_err(stdio_error)?;
+                io.held.push(hold);
+                Ok(Some(writer))
+            }
+            Target::File(path) => open_file(path).map(Some).map_err(stdio_error),
+        }
     };
     let stdout = output(&paths.stdout)?;
     let stderr = output(&paths.stderr)?;
@@ -116,6 +126,51 @@ pub fn open_direct(paths: &StdioPaths) -> io::Result<(ProcessStdio, ProcessIo)> 
         },
         io,
     ))
+}
+
+fn stdio_error(e: io::Error) -> ShimError {
+    ShimError::io("stdio".into(), e)
+}
+
+/// Where a stdio path points.
+#[derive(Debug, PartialEq, Eq)]
+enum Target<'a> {
+    None,
+    Fifo(&'a Path),
+    File(&'a Path),
+}
+
+impl<'a> Target<'a> {
+    fn of(uri: &'a str) -> Result<Self, ShimError> {
+        if uri.is_empty() {
+            return Ok(Self::None);
+        }
+        if let Some(path) = uri.strip_prefix("file://") {
+            return Ok(Self::File(Path::new(path)));
+        }
+        if let Some(path) = uri.strip_prefix("fifo://") {
+            return Ok(Self::Fifo(Path::new(path)));
+        }
+        if let Some((scheme, _)) = uri.split_once("://") {
+            return Err(ShimError::Unimplemented(format!(
+                "{scheme}:// stdio is not supported by crius's shim"
+            )));
+        }
+        Ok(Self::Fifo(Path::new(uri)))
+    }
+}
+
+/// A `file://` output: created with its directory, appended to.
+fn open_file(path: &Path) -> io::Result<OwnedFd> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    Ok(OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| with_path(e, "open output", path))?
+        .into())
 }
 
 /// A stdin FIFO: a read-write hold for the shim, then a read end for the process (which
@@ -344,6 +399,23 @@ mod tests {
         );
         io.release();
         assert_eq!(reader.read(&mut buf).expect("eof"), 0);
+    }
+
+    #[test]
+    fn stdio_uris_are_fifos_files_or_refused() {
+        assert_eq!(Target::of("").ok(), Some(Target::None));
+        assert_eq!(
+            Target::of("/run/x/stdout").ok(),
+            Some(Target::Fifo(Path::new("/run/x/stdout")))
+        );
+        assert_eq!(
+            Target::of("file:///var/log/x").ok(),
+            Some(Target::File(Path::new("/var/log/x")))
+        );
+        assert!(matches!(
+            Target::of("binary:///usr/bin/logger?a=b"),
+            Err(ShimError::Unimplemented(_))
+        ));
     }
 
     #[test]

@@ -1,0 +1,243 @@
+//! The verbs on a created container: kill, delete, pause, resume, pids, update, checkpoint.
+
+use std::time::{Duration, SystemTime};
+
+use containerd_shim_protos::api::Status;
+use containerd_shim_protos::events::task::{TaskCheckpointed, TaskDelete, TaskPaused, TaskResumed};
+
+use crate::container::Container;
+use crate::create::unmount_rootfs;
+use crate::error::ShimError;
+use crate::events::topic;
+use crate::process::Exit;
+use crate::runc::{CheckpointFlags, RuncError};
+use crate::shim::{Shim, timestamp};
+
+/// The highest signal number Linux has (SIGRTMAX).
+const MAX_SIGNAL: u32 = 64;
+
+impl Shim {
+    pub async fn kill(
+        &self,
+        id: &str,
+        exec_id: &str,
+        signal: u32,
+        all: bool,
+    ) -> Result<(), ShimError> {
+        if signal == 0 || signal > MAX_SIGNAL {
+            return Err(ShimError::InvalidArgument(format!("signal {signal}")));
+        }
+        let container = self.container(id)?;
+        let process = container
+            .process(exec_id)
+            .ok_or_else(|| ShimError::NotFound(format!("process {exec_id} of container {id}")))?;
+        if process.exit().is_some() {
+            return Err(ShimError::NotFound("process already finished".into()));
+        }
+        if exec_id.is_empty() {
+            return match container.runc.kill(&self.reaper, id, signal, all).await {
+                Err(e) if e.is_gone() => {
+                    Err(ShimError::NotFound("process already finished".into()))
+                }
+                other => Ok(other?),
+            };
+        }
+        let pid = process.pid();
+        if pid <= 0 {
+            return Err(ShimError::FailedPrecondition(format!(
+                "exec {exec_id} was not started"
+            )));
+        }
+        // SAFETY: kill(2) with a pid the shim reaps (so not reused before its exit is seen)
+        // and a signal number checked above.
+        if unsafe { libc::kill(pid, signal as i32) } == 0 {
+            return Ok(());
+        }
+        match std::io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ESRCH) => {
+                Err(ShimError::NotFound("process already finished".into()))
+            }
+            e => Err(ShimError::io("kill".into(), e)),
+        }
+    }
+
+    /// Deletes an exec's record, or a container: its runtime state, its rootfs mount.
+    pub async fn delete(&self, id: &str, exec_id: &str) -> Result<(i32, Exit), ShimError> {
+        let container = self.container(id)?;
+        if !exec_id.is_empty() {
+            return self.delete_exec(&container, exec_id);
+        }
+        let init = container.init.clone();
+        let snapshot = init.snapshot();
+        let exit = match snapshot.exit {
+            Some(exit) => {
+                match container.runc.delete(&self.reaper, id, false).await {
+                    Err(e) if !e.is_gone() => return Err(e.into()),
+                    _ => {}
+                }
+                exit
+            }
+            None if snapshot.status == Status::CREATED => {
+                container.runc.delete(&self.reaper, id, true).await?;
+                tokio::time::timeout(Duration::from_secs(2), init.wait())
+                    .await
+                    .unwrap_or(Exit {
+                        status: 137,
+                        at: SystemTime::now(),
+                    })
+            }
+            None => {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "container {id} is running: kill it first"
+                )));
+            }
+        };
+        self.end_leftover_execs(&container);
+        container.stop_oom_watch();
+        if let Some(rootfs) = container.rootfs.clone() {
+            unmount_rootfs(rootfs).await;
+        }
+        self.remove_container(id);
+        self.events.publish(
+            topic::DELETE,
+            Box::new(TaskDelete {
+                container_id: id.to_string(),
+                pid: snapshot.pid as u32,
+                exit_status: exit.status,
+                exited_at: Some(timestamp(exit.at)).into(),
+                ..Default::default()
+            }),
+        );
+        Ok((snapshot.pid, exit))
+    }
+
+    /// Execs still without an exit when their container goes (they shared a PID namespace
+    /// and were killed with it): their waiters get an exit and their stdio is let go.
+    fn end_leftover_execs(&self, container: &Container) {
+        for process in container.execs() {
+            let exit = Exit {
+                status: 137,
+                at: SystemTime::now(),
+            };
+            if process.pid() > 0 && process.set_exited(exit) {
+                self.publish_exit(&process, exit);
+            }
+        }
+    }
+
+    fn delete_exec(&self, container: &Container, exec_id: &str) -> Result<(i32, Exit), ShimError> {
+        let process = container.process(exec_id).ok_or_else(|| {
+            ShimError::NotFound(format!("exec {exec_id} of container {}", container.id))
+        })?;
+        let snapshot = process.snapshot();
+        let exit = match snapshot.exit {
+            Some(exit) => exit,
+            None if snapshot.pid == 0 => Exit {
+                status: 0,
+                at: SystemTime::now(),
+            },
+            None => {
+                return Err(ShimError::FailedPrecondition(format!(
+                    "exec {exec_id} is running"
+                )));
+            }
+        };
+        container.remove_exec(exec_id);
+        if let Some(spec_file) = &process.spec_file {
+            let _ = std::fs::remove_file(spec_file);
+        }
+        Ok((snapshot.pid, exit))
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<(), ShimError> {
+        let container = self.in_state(id, &[Status::RUNNING])?;
+        container.runc.pause(&self.reaper, id).await?;
+        container.init.set_status(Status::PAUSED);
+        self.events.publish(
+            topic::PAUSED,
+            Box::new(TaskPaused {
+                container_id: id.to_string(),
+                ..Default::default()
+            }),
+        );
+        Ok(())
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<(), ShimError> {
+        let container = self.in_state(id, &[Status::PAUSED])?;
+        container.runc.resume(&self.reaper, id).await?;
+        container.init.set_status(Status::RUNNING);
+        self.events.publish(
+            topic::RESUMED,
+            Box::new(TaskResumed {
+                container_id: id.to_string(),
+                ..Default::default()
+            }),
+        );
+        Ok(())
+    }
+
+    /// A container whose init has not exited and is in one of `states`.
+    fn in_state(
+        &self,
+        id: &str,
+        states: &[Status],
+    ) -> Result<std::sync::Arc<Container>, ShimError> {
+        let container = self.container(id)?;
+        let snapshot = container.init.snapshot();
+        if !states.contains(&snapshot.status) || snapshot.exit.is_some() {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id} is {:?}",
+                snapshot.status
+            )));
+        }
+        Ok(container)
+    }
+
+    pub async fn pids(&self, id: &str) -> Result<Vec<(u32, Option<String>)>, ShimError> {
+        let container = self.container(id)?;
+        let pids = container.runc.ps(&self.reaper, id).await?;
+        let execs = container.exec_pids();
+        Ok(pids
+            .into_iter()
+            .map(|pid| (pid, execs.get(&(pid as i32)).cloned()))
+            .collect())
+    }
+
+    pub async fn update(&self, id: &str, resources: Vec<u8>) -> Result<(), ShimError> {
+        let container = self.container(id)?;
+        serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&resources)
+            .map_err(|e| ShimError::InvalidArgument(format!("resources: {e}")))?;
+        container.runc.update(&self.reaper, id, resources).await?;
+        Ok(())
+    }
+
+    /// Checkpoints a running or paused container (containerd's client pauses it first).
+    pub async fn checkpoint(&self, id: &str, mut flags: CheckpointFlags) -> Result<(), ShimError> {
+        let container = self.in_state(id, &[Status::RUNNING, Status::PAUSED])?;
+        if flags.work_path.is_empty() {
+            // CRIU's log stays with the bundle, out of the image.
+            flags.work_path = container.bundle.display().to_string();
+        }
+        container
+            .runc
+            .checkpoint(&self.reaper, id, &flags)
+            .await
+            .map_err(|e| match e {
+                RuncError::Failed { verb, message } => RuncError::Failed {
+                    verb,
+                    message: format!("{message} (CRIU's log: {}/dump.log)", flags.work_path),
+                },
+                other => other,
+            })?;
+        self.events.publish(
+            topic::CHECKPOINTED,
+            Box::new(TaskCheckpointed {
+                container_id: id.to_string(),
+                checkpoint: flags.image_path.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,193 @@
+//! Create: the container's runtime options and rootfs, runc create with its stdio, and the
+//! watchers that outlive the call (OOM, the reaper's pid).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use containerd_shim_protos::api::Mount;
+use containerd_shim_protos::events::task::{TaskCreate, TaskIO, TaskOOM};
+
+use crate::container::{BundleSpec, Container};
+use crate::error::ShimError;
+use crate::events::topic;
+use crate::process::Process;
+use crate::runc::{ProcessStdio, Runc, RuncOptions, read_pid_file};
+use crate::shim::Shim;
+use crate::stdio::{self, ConsoleSocket, ProcessIo, StdioPaths};
+
+/// How long the shim waits for runc to send a new terminal.
+const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a create request carries, past the stdio.
+pub struct CreateRequest {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub rootfs: Vec<Mount>,
+    pub stdio: StdioPaths,
+    pub runc: RuncOptions,
+}
+
+impl Shim {
+    pub async fn create(&self, request: CreateRequest) -> Result<i32, ShimError> {
+        let CreateRequest {
+            id,
+            bundle,
+            rootfs,
+            stdio,
+            runc,
+        } = request;
+        if id.is_empty() {
+            return Err(ShimError::InvalidArgument("container id is empty".into()));
+        }
+        if self.has_container(&id) {
+            return Err(ShimError::AlreadyExists(format!("container {id}")));
+        }
+        let spec = BundleSpec::read(&bundle)
+            .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))?;
+        let runc = crate::runc::runc_for(&runc, &self.namespace, &bundle);
+        crate::bundle::save_runc(&bundle, &runc)?;
+        let rootfs = mount_rootfs(&bundle, rootfs).await?;
+
+        // Exits of the new init are kept from here until its pid is registered.
+        let starting = self.begin_starting();
+        let (pid, io) = match self.run_create(&id, &bundle, &runc, &stdio).await {
+            Ok(created) => created,
+            Err(e) => {
+                if let Some(rootfs) = rootfs {
+                    unmount_rootfs(rootfs).await;
+                }
+                return Err(e);
+            }
+        };
+        let init = Arc::new(Process::new(&id, "", stdio.clone(), None));
+        init.set_created(pid, io);
+        let cgroup = containerd_shim::cgroup::get_cgroup(pid as u32)
+            .map_err(|e| log::warn!("no cgroup for {id}'s stats: {e}"))
+            .ok();
+        let container = Arc::new(Container::new(
+            &id,
+            &bundle,
+            runc,
+            init.clone(),
+            rootfs,
+            spec.own_pid_namespace(),
+            cgroup,
+        ));
+        self.add_container(container.clone());
+        self.watch_oom(&container, pid);
+        self.events.publish(
+            topic::CREATE,
+            Box::new(TaskCreate {
+                container_id: id,
+                bundle: bundle.display().to_string(),
+                io: Some(task_io(&stdio)).into(),
+                pid: pid as u32,
+                ..Default::default()
+            }),
+        );
+        self.register_pid(pid, &init);
+        drop(starting);
+        Ok(pid)
+    }
+
+    /// runc create, with the stdio the process gets; a container whose create did not
+    /// finish is deleted again.
+    async fn run_create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        runc: &Runc,
+        stdio: &StdioPaths,
+    ) -> Result<(i32, ProcessIo), ShimError> {
+        let pid_file = bundle.join("init.pid");
+        let (process_stdio, io, console) = prepare_stdio(stdio)?;
+        runc.create(
+            &self.reaper,
+            id,
+            bundle,
+            &pid_file,
+            console.as_ref().map(|c| c.path()).as_deref(),
+            process_stdio,
+        )
+        .await?;
+        let finished = async {
+            let pid = read_pid_file(&pid_file)
+                .map_err(|e| ShimError::io(format!("read {}", pid_file.display()), e))?;
+            let io = match console {
+                Some(console) => receive_console(console, stdio).await?,
+                None => io,
+            };
+            Ok((pid, io))
+        };
+        let result = finished.await;
+        if result.is_err() {
+            let _ = runc.delete(&self.reaper, id, true).await;
+        }
+        result
+    }
+
+    fn watch_oom(&self, container: &Arc<Container>, pid: i32) {
+        let events = self.events.clone();
+        let id = container.id.clone();
+        let watch = crate::oom::watch(pid, move || {
+            events.publish(
+                topic::OOM,
+                Box::new(TaskOOM {
+                    container_id: id.clone(),
+                    ..Default::default()
+                }),
+            );
+        });
+        match watch {
+            Ok(watch) => container.set_oom_watch(watch),
+            Err(e) => log::warn!("no OOM notification for {}: {e}", container.id),
+        }
+    }
+}
+
+/// Mounts the rootfs off the runtime thread: a hung mount must not stop the whole pod.
+async fn mount_rootfs(bundle: &Path, mounts: Vec<Mount>) -> Result<Option<PathBuf>, ShimError> {
+    let bundle = bundle.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::bundle::mount_rootfs(&bundle, &mounts))
+        .await
+        .map_err(|e| ShimError::Internal(format!("mount rootfs: {e}")))?
+}
+
+pub async fn unmount_rootfs(rootfs: PathBuf) {
+    let _ = tokio::task::spawn_blocking(move || crate::bundle::unmount_rootfs(&rootfs)).await;
+}
+
+/// The stdio runc gets: the FIFOs themselves, or a console socket for a terminal.
+pub fn prepare_stdio(
+    stdio: &StdioPaths,
+) -> Result<(ProcessStdio, ProcessIo, Option<ConsoleSocket>), ShimError> {
+    if stdio.terminal {
+        let console =
+            ConsoleSocket::new().map_err(|e| ShimError::io("console socket".into(), e))?;
+        return Ok((ProcessStdio::default(), ProcessIo::default(), Some(console)));
+    }
+    let (process_stdio, io) = stdio::open_direct(stdio)?;
+    Ok((process_stdio, io, None))
+}
+
+pub async fn receive_console(
+    console: ConsoleSocket,
+    stdio: &StdioPaths,
+) -> Result<ProcessIo, ShimError> {
+    let master = tokio::time::timeout(CONSOLE_TIMEOUT, console.receive())
+        .await
+        .map_err(|_| ShimError::Internal("runc sent no terminal".into()))?
+        .map_err(|e| ShimError::io("receive terminal".into(), e))?;
+    stdio::attach_console(master, stdio).map_err(|e| ShimError::io("terminal stdio".into(), e))
+}
+
+fn task_io(stdio: &StdioPaths) -> TaskIO {
+    TaskIO {
+        stdin: stdio.stdin.clone(),
+        stdout: stdio.stdout.clone(),
+        stderr: stdio.stderr.clone(),
+        terminal: stdio.terminal,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,167 @@
+//! Start (a container's init or an exec) and Exec (an exec's record and process spec).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use containerd_shim_protos::api::Status;
+use containerd_shim_protos::events::task::{TaskExecAdded, TaskExecStarted, TaskStart};
+
+use crate::container::Container;
+use crate::create::{prepare_stdio, receive_console};
+use crate::error::ShimError;
+use crate::events::topic;
+use crate::process::{Exit, Process};
+use crate::runc::read_pid_file;
+use crate::shim::Shim;
+use crate::stdio::StdioPaths;
+
+impl Shim {
+    pub async fn start(&self, id: &str, exec_id: &str) -> Result<i32, ShimError> {
+        let container = self.container(id)?;
+        let process = container
+            .process(exec_id)
+            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} of container {id}")))?;
+        if process.exit().is_some() || !process.begin_start() {
+            return Err(ShimError::FailedPrecondition(format!(
+                "process {} of container {id} was started already",
+                process.event_id()
+            )));
+        }
+        let started = if exec_id.is_empty() {
+            self.start_init(&container).await
+        } else {
+            self.start_exec(&container, &process).await
+        };
+        // An exit that came during the start goes out after the start event.
+        if let Some(exit) = process.end_start(started.is_ok()) {
+            self.process_exited(&process, exit);
+        }
+        started
+    }
+
+    async fn start_init(&self, container: &Container) -> Result<i32, ShimError> {
+        let init = &container.init;
+        container.runc.start(&self.reaper, &container.id).await?;
+        init.set_status(Status::RUNNING);
+        let pid = init.pid();
+        self.events.publish(
+            topic::START,
+            Box::new(TaskStart {
+                container_id: container.id.clone(),
+                pid: pid as u32,
+                ..Default::default()
+            }),
+        );
+        Ok(pid)
+    }
+
+    async fn start_exec(
+        &self,
+        container: &Container,
+        process: &Arc<Process>,
+    ) -> Result<i32, ShimError> {
+        // Exits of the new process are kept from here until its pid is registered.
+        let _starting = self.begin_starting();
+        match self.run_exec(container, process).await {
+            Ok(pid) => {
+                process.set_status(Status::RUNNING);
+                self.events.publish(
+                    topic::EXEC_STARTED,
+                    Box::new(TaskExecStarted {
+                        container_id: container.id.clone(),
+                        exec_id: process.exec_id.clone(),
+                        pid: pid as u32,
+                        ..Default::default()
+                    }),
+                );
+                self.register_pid(pid, process);
+                Ok(pid)
+            }
+            Err(e) => {
+                // It never ran: its waiters get an exit rather than waiting forever.
+                process.set_exited(Exit {
+                    status: 255,
+                    at: SystemTime::now(),
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// runc exec, detached, with the stdio the process gets.
+    async fn run_exec(&self, container: &Container, process: &Process) -> Result<i32, ShimError> {
+        let spec_file = process
+            .spec_file
+            .clone()
+            .ok_or_else(|| ShimError::Internal("exec without a process spec".into()))?;
+        let pid_file = spec_file.with_extension("pid");
+        let (process_stdio, io, console) = prepare_stdio(&process.stdio)?;
+        container
+            .runc
+            .exec(
+                &self.reaper,
+                &container.id,
+                &spec_file,
+                &pid_file,
+                console.as_ref().map(|c| c.path()).as_deref(),
+                process_stdio,
+            )
+            .await?;
+        let pid = read_pid_file(&pid_file)
+            .map_err(|e| ShimError::io(format!("read {}", pid_file.display()), e))?;
+        let _ = std::fs::remove_file(&pid_file);
+        let io = match console {
+            Some(console) => receive_console(console, &process.stdio).await?,
+            None => io,
+        };
+        process.set_created(pid, io);
+        Ok(pid)
+    }
+
+    pub fn add_exec(
+        &self,
+        id: &str,
+        exec_id: &str,
+        stdio: StdioPaths,
+        spec: &[u8],
+    ) -> Result<(), ShimError> {
+        let container = self.container(id)?;
+        if exec_id.is_empty() {
+            return Err(ShimError::InvalidArgument("exec id is empty".into()));
+        }
+        if container.init.exit().is_some() {
+            return Err(ShimError::FailedPrecondition(format!(
+                "container {id} is not running"
+            )));
+        }
+        let spec: serde_json::Value = serde_json::from_slice(spec)
+            .map_err(|e| ShimError::InvalidArgument(format!("exec process spec: {e}")))?;
+        if !spec.is_object() {
+            return Err(ShimError::InvalidArgument(
+                "exec process spec is not an object".into(),
+            ));
+        }
+        // Named by a counter, not by the exec id, which is the client's text.
+        let n = self.exec_files.fetch_add(1, Ordering::Relaxed);
+        let spec_file = container.bundle.join(format!("exec-{n}.json"));
+        std::fs::write(&spec_file, spec.to_string())
+            .map_err(|e| ShimError::io(format!("write {}", spec_file.display()), e))?;
+        let process = Arc::new(Process::new(id, exec_id, stdio, Some(spec_file.clone())));
+        if !container.add_exec(process) {
+            let _ = std::fs::remove_file(&spec_file);
+            return Err(ShimError::AlreadyExists(format!(
+                "exec {exec_id} in container {id}"
+            )));
+        }
+        self.events.publish(
+            topic::EXEC_ADDED,
+            Box::new(TaskExecAdded {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                ..Default::default()
+            }),
+        );
+        Ok(())
+    }
+}
