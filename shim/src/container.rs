@@ -22,6 +22,10 @@ pub struct Container {
     pub own_pid_namespace: bool,
     /// The init's cgroup, found at create (a pid can be reused after the init exits).
     pub cgroup: Option<cgroups_rs::fs::Cgroup>,
+    /// Held by every runtime command on the container itself (start, kill, delete, pause,
+    /// resume, update, checkpoint): runc commands racing on one container see each other's
+    /// transient states (a delete sees the cgroup a kill --all has frozen as "paused").
+    pub ops: tokio::sync::Mutex<()>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     oom_watch: Mutex<Option<JoinHandle<()>>>,
 }
@@ -44,6 +48,7 @@ impl Container {
             rootfs,
             own_pid_namespace,
             cgroup,
+            ops: tokio::sync::Mutex::new(()),
             execs: Mutex::new(HashMap::new()),
             oom_watch: Mutex::new(None),
         }

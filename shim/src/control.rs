@@ -35,6 +35,10 @@ impl Shim {
             return Err(ShimError::NotFound("process already finished".into()));
         }
         if exec_id.is_empty() {
+            let _ops = container.ops.lock().await;
+            if process.exit().is_some() {
+                return Err(ShimError::NotFound("process already finished".into()));
+            }
             return match container.runc.kill(&self.reaper, id, signal, all).await {
                 Err(e) if e.is_gone() => {
                     Err(ShimError::NotFound("process already finished".into()))
@@ -67,14 +71,16 @@ impl Shim {
         if !exec_id.is_empty() {
             return self.delete_exec(&container, exec_id);
         }
+        let _ops = container.ops.lock().await;
+        // A delete that waited for another one finds the container gone.
+        if !self.has_container(id) {
+            return Err(ShimError::NotFound(format!("container {id}")));
+        }
         let init = container.init.clone();
         let snapshot = init.snapshot();
         let exit = match snapshot.exit {
             Some(exit) => {
-                match container.runc.delete(&self.reaper, id, false).await {
-                    Err(e) if !e.is_gone() => return Err(e.into()),
-                    _ => {}
-                }
+                self.delete_stopped(&container).await?;
                 exit
             }
             None if snapshot.status == Status::CREATED => {
@@ -109,6 +115,23 @@ impl Shim {
             }),
         );
         Ok((snapshot.pid, exit))
+    }
+
+    /// Deletes the runtime's container once its init has exited; one that runc still
+    /// thinks busy (processes left in a shared PID namespace) is deleted with force.
+    async fn delete_stopped(&self, container: &Container) -> Result<(), ShimError> {
+        let id = &container.id;
+        match container.runc.delete(&self.reaper, id, false).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_gone() => Ok(()),
+            Err(e) => {
+                log::info!("runc delete {id}: {e}; deleting with force");
+                match container.runc.delete(&self.reaper, id, true).await {
+                    Err(e) if !e.is_gone() => Err(e.into()),
+                    _ => Ok(()),
+                }
+            }
+        }
     }
 
     /// Execs still without an exit when their container goes (they shared a PID namespace
@@ -150,7 +173,9 @@ impl Shim {
     }
 
     pub async fn pause(&self, id: &str) -> Result<(), ShimError> {
-        let container = self.in_state(id, &[Status::RUNNING])?;
+        let container = self.container(id)?;
+        let _ops = container.ops.lock().await;
+        self.in_state(&container, &[Status::RUNNING])?;
         container.runc.pause(&self.reaper, id).await?;
         container.init.set_status(Status::PAUSED);
         self.events.publish(
@@ -164,7 +189,9 @@ impl Shim {
     }
 
     pub async fn resume(&self, id: &str) -> Result<(), ShimError> {
-        let container = self.in_state(id, &[Status::PAUSED])?;
+        let container = self.container(id)?;
+        let _ops = container.ops.lock().await;
+        self.in_state(&container, &[Status::PAUSED])?;
         container.runc.resume(&self.reaper, id).await?;
         container.init.set_status(Status::RUNNING);
         self.events.publish(
@@ -177,21 +204,16 @@ impl Shim {
         Ok(())
     }
 
-    /// A container whose init has not exited and is in one of `states`.
-    fn in_state(
-        &self,
-        id: &str,
-        states: &[Status],
-    ) -> Result<std::sync::Arc<Container>, ShimError> {
-        let container = self.container(id)?;
+    /// Checks that the container's init has not exited and is in one of `states`.
+    fn in_state(&self, container: &Container, states: &[Status]) -> Result<(), ShimError> {
         let snapshot = container.init.snapshot();
         if !states.contains(&snapshot.status) || snapshot.exit.is_some() {
             return Err(ShimError::FailedPrecondition(format!(
-                "container {id} is {:?}",
-                snapshot.status
+                "container {} is {:?}",
+                container.id, snapshot.status
             )));
         }
-        Ok(container)
+        Ok(())
     }
 
     pub async fn pids(&self, id: &str) -> Result<Vec<(u32, Option<String>)>, ShimError> {
@@ -208,13 +230,16 @@ impl Shim {
         let container = self.container(id)?;
         serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&resources)
             .map_err(|e| ShimError::InvalidArgument(format!("resources: {e}")))?;
+        let _ops = container.ops.lock().await;
         container.runc.update(&self.reaper, id, resources).await?;
         Ok(())
     }
 
     /// Checkpoints a running or paused container (containerd's client pauses it first).
     pub async fn checkpoint(&self, id: &str, mut flags: CheckpointFlags) -> Result<(), ShimError> {
-        let container = self.in_state(id, &[Status::RUNNING, Status::PAUSED])?;
+        let container = self.container(id)?;
+        let _ops = container.ops.lock().await;
+        self.in_state(&container, &[Status::RUNNING, Status::PAUSED])?;
         if flags.work_path.is_empty() {
             // CRIU's log stays with the bundle, out of the image.
             flags.work_path = container.bundle.display().to_string();

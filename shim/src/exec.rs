@@ -41,6 +41,7 @@ impl Shim {
     }
 
     async fn start_init(&self, container: &Container) -> Result<i32, ShimError> {
+        let _ops = container.ops.lock().await;
         let init = &container.init;
         container.runc.start(&self.reaper, &container.id).await?;
         init.set_status(Status::RUNNING);

@@ -194,6 +194,7 @@ impl Shim {
         }
         let reaper = self.reaper.clone();
         tokio::spawn(async move {
+            let _ops = container.ops.lock().await;
             if let Err(e) = container
                 .runc
                 .kill(&reaper, &container.id, libc::SIGKILL as u32, true)
