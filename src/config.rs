@@ -125,6 +125,7 @@ pub struct Config {
     pub image: ImageConfig,
     pub registry: RegistryConfig,
     pub stream: StreamConfig,
+    pub cdi: CdiConfig,
     pub log: LogConfig,
 }
 
@@ -153,6 +154,7 @@ impl Default for Config {
             image: ImageConfig::default(),
             registry: RegistryConfig::default(),
             stream: StreamConfig::default(),
+            cdi: CdiConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -256,6 +258,23 @@ pub struct RuncOptions {
     pub io_gid: u32,
     pub criu_image_path: String,
     pub criu_work_path: String,
+}
+
+/// CDI (Container Device Interface) devices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CdiConfig {
+    /// Where CDI spec files (JSON or YAML) are read from; a device in a later directory
+    /// replaces one of the same name in an earlier one. Empty: CDI devices are refused.
+    pub spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        Self {
+            spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -677,6 +696,12 @@ token_ttl = "1m"
 tls = false
 # tls_cert_file = "/etc/crius/stream.crt"
 # tls_key_file = "/etc/crius/stream.key"
+
+[cdi]
+# Where CDI device specs (JSON or YAML, from device plugins and DRA drivers) are read, for
+# devices a container names in CDI_devices or cdi.k8s.io/* annotations. A device in a later
+# directory replaces one of the same name in an earlier one. Empty: CDI devices are refused.
+spec_dirs = ["/etc/cdi", "/var/run/cdi"]
 
 [log]
 # error | warn | info | debug | trace, or a filter such as "crius=debug,info".

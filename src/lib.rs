@@ -4,6 +4,7 @@
 //! modules below are the parts it is built from. See `docs/architecture.md` for the map.
 
 pub mod api;
+pub mod cdi;
 pub mod client;
 pub mod cni;
 pub mod config;

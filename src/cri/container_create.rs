@@ -256,7 +256,7 @@ impl CriService {
                     .map(|r| r.oom_score_adj)
                     .filter(|adj| *adj != 0)
                     .map(|adj| self.clamp_oom_score_adj(adj as i32));
-                let spec = container_spec(&ContainerSpecInput {
+                let mut spec = container_spec(&ContainerSpecInput {
                     id: &id,
                     namespace: self.containerd.namespace(),
                     config: &config,
@@ -284,6 +284,7 @@ impl CriService {
                     privileged_without_host_devices: runtime.privileged_without_host_devices,
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
+                self.inject_cdi_devices(&mut spec, &config)?;
                 let process_spec = serde_json::to_value(spec.process()).map_err(internal)?;
 
                 let log_path = if sandbox_meta.config.log_directory.is_empty()
@@ -387,6 +388,31 @@ impl CriService {
 }
 
 /// What makes two CreateContainer requests the same: the pod and the container config.
+impl CriService {
+    /// Applies the CDI devices the container names (its `CDI_devices` and `cdi.k8s.io/*`
+    /// annotations) to its spec.
+    fn inject_cdi_devices(
+        &self,
+        spec: &mut oci_spec::runtime::Spec,
+        config: &crate::api::v1::ContainerConfig,
+    ) -> Result<(), Status> {
+        let names: Vec<String> = config.cdi_devices.iter().map(|d| d.name.clone()).collect();
+        let names = crate::cdi::requested(&names, &config.annotations);
+        if names.is_empty() {
+            return Ok(());
+        }
+        if self.config.cdi.spec_dirs.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "CDI devices {names:?} asked for, but CDI is off (cdi.spec_dirs is empty)"
+            )));
+        }
+        crate::cdi::inject(spec, &self.config.cdi.spec_dirs, &names).map_err(|e| match e {
+            crate::cdi::CdiError::BadName(_) => Status::invalid_argument(e.to_string()),
+            _ => Status::failed_precondition(e.to_string()),
+        })
+    }
+}
+
 pub(crate) fn container_fingerprint(
     sandbox_id: &str,
     config: &crate::api::v1::ContainerConfig,
