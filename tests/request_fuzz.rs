@@ -1197,7 +1197,9 @@ const POD_MUTATIONS: &[Mutation<PodSandboxConfig>] = &[
         c.labels.iter().any(|(k, v)| !is_label(k, v))
     }),
     ("label too long for containerd", |f, c| {
-        c.labels.insert(f.text(), "v".repeat(5000));
+        // A key no other mutation writes: "odd labels" must not overwrite the value.
+        let key = format!("fuzz.crius/too-long-{}", f.text().len());
+        c.labels.insert(key, "v".repeat(5000));
         true
     }),
     ("odd annotations", |f, c| {
@@ -1489,7 +1491,9 @@ const CONTAINER_MUTATIONS: &[Mutation<ContainerConfig>] = &[
         c.labels.iter().any(|(k, v)| !is_label(k, v))
     }),
     ("label too long for containerd", |f, c| {
-        c.labels.insert(f.text(), "v".repeat(5000));
+        // A key no other mutation writes: "odd labels" must not overwrite the value.
+        let key = format!("fuzz.crius/too-long-{}", f.text().len());
+        c.labels.insert(key, "v".repeat(5000));
         true
     }),
     ("log path outside the log directory", |f, c| {
