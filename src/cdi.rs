@@ -21,6 +21,8 @@ use serde::Deserialize;
 pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 const MAX_SPEC_FILE: u64 = 1 << 20;
 const MAX_SPEC_FILES: usize = 1024;
+/// All spec files together: what one container's create may read.
+const MAX_SPEC_BYTES: u64 = 16 << 20;
 /// The CDI spec versions crius reads (kubelet's drivers write 0.3.0 to 1.1.0).
 const VERSIONS: [&str; 9] = [
     "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0", "1.1.1",
@@ -206,6 +208,7 @@ fn check_kind(kind: &str) -> Result<(), String> {
 fn load(dirs: &[PathBuf]) -> Loaded {
     let mut loaded = Loaded::default();
     let mut files = 0;
+    let mut bytes = 0;
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
@@ -221,6 +224,15 @@ fn load(dirs: &[PathBuf]) -> Loaded {
             if files > MAX_SPEC_FILES {
                 loaded.broken.push(format!(
                     "{}: past {MAX_SPEC_FILES} spec files",
+                    path.display()
+                ));
+                continue;
+            }
+            let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            bytes += size.min(MAX_SPEC_FILE + 1);
+            if bytes > MAX_SPEC_BYTES {
+                loaded.broken.push(format!(
+                    "{}: past {MAX_SPEC_BYTES} bytes of spec files",
                     path.display()
                 ));
                 continue;

@@ -8,12 +8,9 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::pod::{Pod, container, pod, pod_on};
-use common::{Crius, eventually, pod_config};
-use crius::api::v1::{
-    ContainerState, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode,
-    NamespaceOption,
-};
+use common::pod::{Pod, container, host_network_pod_config, pod, pod_on};
+use common::{Crius, eventually};
+use crius::api::v1::ContainerState;
 
 const CRIUS_SHIM: &str = "containerd-shim-crius-v2";
 const GO_SHIM: &str = "containerd-shim-runc-v2";
@@ -244,17 +241,7 @@ async fn a_killed_shim_is_cleaned_up_and_its_containers_exit() {
 #[tokio::test]
 async fn containerds_go_shim_stays_a_handler() {
     let crius = Crius::start().await;
-    let mut config = pod_config("go-shim");
-    config.linux = Some(LinuxPodSandboxConfig {
-        security_context: Some(LinuxSandboxSecurityContext {
-            namespace_options: Some(NamespaceOption {
-                network: NamespaceMode::Node as i32,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
+    let config = host_network_pod_config("go-shim");
     let mut pod = pod_on(&crius, config, "containerd-runc").await;
     let id = pod
         .run(container("app", "busybox:latest", &["sleep", "1000"]))

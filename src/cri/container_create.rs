@@ -256,7 +256,7 @@ impl CriService {
                     .map(|r| r.oom_score_adj)
                     .filter(|adj| *adj != 0)
                     .map(|adj| self.clamp_oom_score_adj(adj as i32));
-                let mut spec = container_spec(&ContainerSpecInput {
+                let spec = container_spec(&ContainerSpecInput {
                     id: &id,
                     namespace: self.containerd.namespace(),
                     config: &config,
@@ -284,7 +284,7 @@ impl CriService {
                     privileged_without_host_devices: runtime.privileged_without_host_devices,
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
-                self.inject_cdi_devices(&mut spec, &config)?;
+                let spec = self.inject_cdi_devices(spec, &config).await?;
                 let process_spec = serde_json::to_value(spec.process()).map_err(internal)?;
 
                 let log_path = if sandbox_meta.config.log_directory.is_empty()
@@ -388,25 +388,41 @@ impl CriService {
 }
 
 /// What makes two CreateContainer requests the same: the pod and the container config.
+/// How long reading the CDI spec directories may take for one container.
+const CDI_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl CriService {
     /// Applies the CDI devices the container names (its `CDI_devices` and `cdi.k8s.io/*`
-    /// annotations) to its spec.
-    fn inject_cdi_devices(
+    /// annotations) to its spec. The spec files are read off the async threads, within
+    /// [`CDI_READ_TIMEOUT`].
+    async fn inject_cdi_devices(
         &self,
-        spec: &mut oci_spec::runtime::Spec,
+        mut spec: oci_spec::runtime::Spec,
         config: &crate::api::v1::ContainerConfig,
-    ) -> Result<(), Status> {
+    ) -> Result<oci_spec::runtime::Spec, Status> {
         let names: Vec<String> = config.cdi_devices.iter().map(|d| d.name.clone()).collect();
         let names = crate::cdi::requested(&names, &config.annotations);
         if names.is_empty() {
-            return Ok(());
+            return Ok(spec);
         }
         if self.config.cdi.spec_dirs.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "CDI devices {names:?} asked for, but CDI is off (cdi.spec_dirs is empty)"
             )));
         }
-        crate::cdi::inject(spec, &self.config.cdi.spec_dirs, &names).map_err(|e| match e {
+        let dirs = self.config.cdi.spec_dirs.clone();
+        let injected = tokio::task::spawn_blocking(move || {
+            crate::cdi::inject(&mut spec, &dirs, &names).map(|()| spec)
+        });
+        let injected = tokio::time::timeout(CDI_READ_TIMEOUT, injected)
+            .await
+            .map_err(|_| {
+                Status::failed_precondition(format!(
+                    "reading the CDI specs took longer than {CDI_READ_TIMEOUT:?}"
+                ))
+            })?
+            .map_err(internal)?;
+        injected.map_err(|e| match e {
             crate::cdi::CdiError::BadName(_) => Status::invalid_argument(e.to_string()),
             _ => Status::failed_precondition(e.to_string()),
         })

@@ -31,6 +31,11 @@ pub struct Pod {
 
 /// A running host-network pod.
 pub async fn pod(crius: &Crius, name: &str) -> Pod {
+    pod_with(crius, host_network_pod_config(name)).await
+}
+
+/// The config of a host-network pod named `name`.
+pub fn host_network_pod_config(name: &str) -> PodSandboxConfig {
     let mut config = pod_config(name);
     config.linux = Some(LinuxPodSandboxConfig {
         security_context: Some(LinuxSandboxSecurityContext {
@@ -42,7 +47,7 @@ pub async fn pod(crius: &Crius, name: &str) -> Pod {
         }),
         ..Default::default()
     });
-    pod_with(crius, config).await
+    config
 }
 
 /// A running pod made from `config` (its log directory goes under the test's directory).
