@@ -21,8 +21,8 @@ use common::pod::image;
 use common::{Crius, TestNetwork, pod_config};
 use crius::api::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PodSandboxConfig,
-    PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
+    StopContainerRequest, StopPodSandboxRequest,
 };
 use crius::client::CriClient;
 
@@ -222,17 +222,7 @@ fn pid_from_file(var: &str) -> u32 {
 
 async fn pull_images(client: &mut CriClient) {
     for name in ["busybox:latest", "bench/pause:1"] {
-        client
-            .image
-            .pull_image(PullImageRequest {
-                image: Some(ImageSpec {
-                    image: image(name),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("PullImage");
+        common::pod::pull(client, name).await;
     }
 }
 

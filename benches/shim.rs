@@ -18,8 +18,7 @@ use common::pod::image;
 use common::{Crius, TestNetwork, pod_config};
 use crius::api::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PodSandboxConfig,
-    PullImageRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopPodSandboxRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
 };
 use crius::client::CriClient;
 
@@ -137,20 +136,6 @@ fn shim_rss(binary: &str, namespace: &str) -> (u64, usize) {
     (total, count)
 }
 
-async fn pull(client: &mut CriClient) {
-    client
-        .image
-        .pull_image(PullImageRequest {
-            image: Some(ImageSpec {
-                image: image("busybox:latest"),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull busybox");
-}
-
 #[tokio::main]
 async fn main() {
     let mut network = None;
@@ -164,7 +149,7 @@ async fn main() {
     .await;
     let namespace = crius.config.containerd.namespace.clone();
     let mut client = crius.client().await;
-    pull(&mut client).await;
+    common::pod::pull(&mut client, "busybox:latest").await;
 
     // Latency: rounds alternate between the handlers, after one unmeasured round each.
     let mut samples: Vec<[Vec<Duration>; 2]> = vec![Default::default(), Default::default()];

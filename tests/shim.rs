@@ -57,6 +57,27 @@ fn parent_of(pid: u64) -> i32 {
         .expect("PPid")
 }
 
+/// Whether the cgroup of `pid` is frozen (cgroup v1 freezer, else v2's cgroup.freeze).
+fn frozen(pid: u64) -> bool {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("proc cgroup");
+    let path_of = |controller: &str| {
+        cgroups.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            (controllers == controller).then(|| path.to_string())
+        })
+    };
+    if let Some(path) = path_of("freezer") {
+        let state = std::fs::read_to_string(format!("/sys/fs/cgroup/freezer{path}/freezer.state"))
+            .expect("freezer.state");
+        return state.trim() == "FROZEN";
+    }
+    let path = path_of("").expect("a cgroup v2 path");
+    std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cgroup.freeze"))
+        .map(|s| s.trim() == "1")
+        .expect("cgroup.freeze")
+}
+
 async fn container_pid(pod: &mut Pod, id: &str) -> u64 {
     let (_, info) = pod.status(id).await;
     info["pid"].as_u64().expect("pid in the verbose info")
@@ -148,10 +169,10 @@ async fn pause_resume_pids_metrics_and_checkpoint_through_containerd() {
 
     crius.ctr(&["tasks", "pause", &id]);
     assert_eq!(state(&crius), "PAUSED");
-    let freezer = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    assert!(freezer.contains("State:"), "{freezer}");
+    assert!(frozen(pid), "runc did not freeze the container's cgroup");
     crius.ctr(&["tasks", "resume", &id]);
     assert_eq!(state(&crius), "RUNNING");
+    assert!(!frozen(pid), "runc did not thaw the container's cgroup");
 
     let ps = crius.ctr(&["tasks", "ps", &id]);
     assert!(ps.contains(&pid.to_string()), "{ps}");

@@ -43,11 +43,8 @@ impl Shim {
         if self.has_container(&id) {
             return Err(ShimError::AlreadyExists(format!("container {id}")));
         }
-        let spec = BundleSpec::read(&bundle)
-            .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))?;
         let runc = crate::runc::runc_for(&runc, &self.namespace, &bundle);
-        crate::bundle::save_runc(&bundle, &runc)?;
-        let rootfs = mount_rootfs(&bundle, rootfs).await?;
+        let (own_pid_namespace, rootfs) = prepare_bundle(&bundle, &runc, rootfs).await?;
 
         // Exits of the new init are kept from here until its pid is registered.
         let starting = self.begin_starting();
@@ -71,7 +68,7 @@ impl Shim {
             runc,
             init.clone(),
             rootfs,
-            spec.own_pid_namespace(),
+            own_pid_namespace,
             cgroup,
         ));
         self.add_container(container.clone());
@@ -146,12 +143,25 @@ impl Shim {
     }
 }
 
-/// Mounts the rootfs off the runtime thread: a hung mount must not stop the whole pod.
-async fn mount_rootfs(bundle: &Path, mounts: Vec<Mount>) -> Result<Option<PathBuf>, ShimError> {
+/// Reads the bundle's spec (whether the container has a PID namespace of its own), keeps
+/// the runtime in the bundle and mounts the rootfs: off the runtime thread, since a hung
+/// mount or disk must not stop the whole pod.
+async fn prepare_bundle(
+    bundle: &Path,
+    runc: &Runc,
+    mounts: Vec<Mount>,
+) -> Result<(bool, Option<PathBuf>), ShimError> {
     let bundle = bundle.to_path_buf();
-    tokio::task::spawn_blocking(move || crate::bundle::mount_rootfs(&bundle, &mounts))
-        .await
-        .map_err(|e| ShimError::Internal(format!("mount rootfs: {e}")))?
+    let runc = runc.clone();
+    tokio::task::spawn_blocking(move || {
+        let spec = BundleSpec::read(&bundle)
+            .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))?;
+        crate::bundle::save_runc(&bundle, &runc)?;
+        let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts)?;
+        Ok((spec.own_pid_namespace(), rootfs))
+    })
+    .await
+    .map_err(|e| ShimError::Internal(format!("prepare bundle: {e}")))?
 }
 
 pub async fn unmount_rootfs(rootfs: PathBuf) {

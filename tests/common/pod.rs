@@ -55,6 +55,21 @@ pub async fn pod_with(crius: &Crius, config: PodSandboxConfig) -> Pod {
     pod_on(crius, config, "").await
 }
 
+/// Pulls a test image (`busybox:latest`, ...) from the test bed's registry.
+pub async fn pull(client: &mut CriClient, name: &str) {
+    client
+        .image
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: image(name),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("pull {name}: {e}"));
+}
+
 /// A running pod made from `config` on runtime handler `handler`.
 pub async fn pod_on(crius: &Crius, mut config: PodSandboxConfig, handler: &str) -> Pod {
     let name = config
@@ -68,17 +83,7 @@ pub async fn pod_on(crius: &Crius, mut config: PodSandboxConfig, handler: &str) 
         "busybox-entry:latest",
         "busybox-user:nobody",
     ] {
-        client
-            .image
-            .pull_image(PullImageRequest {
-                image: Some(ImageSpec {
-                    image: image(img),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("pull");
+        pull(&mut client, img).await;
     }
     config.log_directory = crius
         .dir
