@@ -218,6 +218,8 @@ impl Default for ContainerdConfig {
 pub const CRIUS_SHIM: &str = "io.containerd.crius.v2";
 /// containerd's Go runc shim (`containerd-shim-runc-v2`).
 pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
+/// Runtime types that take runc's shim options (and run runc or a runtime like it).
+pub const RUNC_RUNTIME_TYPES: &[&str] = &[CRIUS_SHIM, RUNC_SHIM, "io.containerd.runc.v1"];
 
 /// One runtime handler: what containerd runs a pod's tasks with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

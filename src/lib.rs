@@ -14,6 +14,7 @@ pub mod events;
 pub mod failpoint;
 pub mod fsusage;
 pub mod fsutil;
+pub mod idmap;
 pub mod image;
 pub mod io;
 pub mod logging;
@@ -27,6 +28,7 @@ pub mod stats;
 pub mod store;
 pub mod streaming;
 pub mod undo;
+pub mod userns;
 
 /// How many cases each property test of a parser tries: a bounded run in `make test`,
 /// `CRIUS_FUZZ_CASES` more with `make fuzz`.

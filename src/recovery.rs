@@ -400,6 +400,11 @@ pub async fn clean_up_leftovers(service: &CriService) {
     }
 
     let config = &service.config;
+    // First, so no snapshot below is removed under its idmapped mount.
+    service.remove_stray_idmapped_rootfs(&|id| {
+        let known_sandbox = service.sandboxes.get(id).ok().flatten().is_some();
+        known_sandbox || service.containers.get(id).ok().flatten().is_some()
+    });
     let mut sandbox_ids = entries(&config.root.join("sandboxes"));
     sandbox_ids.extend(entries(&config.state.join("sandboxes")));
     sandbox_ids.extend(entries(&config.state.join("image-volumes")));

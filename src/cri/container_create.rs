@@ -256,6 +256,8 @@ impl CriService {
                     .map(|r| r.oom_score_adj)
                     .filter(|adj| *adj != 0)
                     .map(|adj| self.clamp_oom_score_adj(adj as i32));
+                let pod_userns = self.sandbox_user_namespace(&sandbox_meta);
+                let idmapped_rootfs = self.idmapped_rootfs_dir(&id);
                 let spec = container_spec(&ContainerSpecInput {
                     id: &id,
                     namespace: self.containerd.namespace(),
@@ -282,6 +284,13 @@ impl CriService {
                     hostname: &super::sandbox::pod_hostname(&sandbox_meta.config),
                     declared_volumes: &declared_volumes,
                     privileged_without_host_devices: runtime.privileged_without_host_devices,
+                    userns: pod_userns.as_ref().map(|(path, mappings)| {
+                        oci::builder::PodUserNamespace {
+                            path,
+                            mappings,
+                            rootfs: &idmapped_rootfs,
+                        }
+                    }),
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
                 let spec = self.inject_cdi_devices(spec, &config).await?;

@@ -99,11 +99,20 @@ impl CriService {
             .io
             .start(log_path, self.config.log_line_limit())
             .map_err(|e| format!("opening the container's output: {e}"))?;
-        let mounts = self
-            .containerd
-            .snapshot_mounts(&self.config.containerd.snapshotter, id)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mounts = match self.container_user_namespace(container) {
+            // In the pod's own user namespace: the idmapped rootfs, mounted by crius.
+            Some(userns) => {
+                self.mount_idmapped_rootfs(id, &userns)
+                    .await
+                    .map_err(|e| e.message().to_string())?;
+                Vec::new()
+            }
+            None => self
+                .containerd
+                .snapshot_mounts(&self.config.containerd.snapshotter, id)
+                .await
+                .map_err(|e| e.to_string())?,
+        };
         let stdio = container.io.fifos().paths();
         let tty = container.metadata.config.tty;
         self.containerd

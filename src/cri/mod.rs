@@ -40,6 +40,7 @@ pub(crate) mod sandbox_update;
 mod stats;
 mod status;
 mod stream;
+mod userns;
 mod validate;
 mod version;
 

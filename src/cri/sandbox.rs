@@ -89,6 +89,14 @@ ff00::0\tip6-mcastprefix\n\
 ff02::1\tip6-allnodes\n\
 ff02::2\tip6-allrouters\n";
 
+/// The tmpfs options of a pod's /dev/shm.
+fn shm_options(owner: Option<(u32, u32)>) -> String {
+    match owner {
+        Some((uid, gid)) => format!("mode=1777,size={SHM_SIZE},uid={uid},gid={gid}"),
+        None => format!("mode=1777,size={SHM_SIZE}"),
+    }
+}
+
 /// `resolv.conf` from the pod's DNS config.
 pub fn resolv_conf(dns: &DnsConfig) -> String {
     let mut text = String::new();
@@ -151,8 +159,13 @@ impl CriService {
         Ok(())
     }
 
-    /// Mounts the pod's own /dev/shm (a sized tmpfs) under its state dir.
-    pub(crate) fn mount_sandbox_shm(&self, id: &str) -> Result<PathBuf, Status> {
+    /// Mounts the pod's own /dev/shm (a sized tmpfs) under its state dir, owned by `owner`
+    /// (the pod's root in its own user namespace) when given.
+    pub(crate) fn mount_sandbox_shm(
+        &self,
+        id: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<PathBuf, Status> {
         let path = self.sandbox_shm_path(id);
         std::fs::create_dir_all(&path)
             .map_err(|e| Status::internal(format!("creating {}: {e}", path.display())))?;
@@ -161,7 +174,7 @@ impl CriService {
             &path,
             Some("tmpfs"),
             MsFlags::MS_NOEXEC | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(format!("mode=1777,size={SHM_SIZE}").as_str()),
+            Some(shm_options(owner).as_str()),
         )
         .map_err(|e| Status::internal(format!("mounting /dev/shm of sandbox {id}: {e}")))?;
         Ok(path)
@@ -189,6 +202,9 @@ impl CriService {
     /// Removes the sandbox's root and state dirs.
     pub(crate) fn remove_sandbox_dirs(&self, id: &str) -> Result<(), Status> {
         self.unmount_sandbox_shm(id);
+        crate::userns::unpin(&self.sandbox_userns_pin(id)).map_err(|e| {
+            Status::internal(format!("removing the user namespace of sandbox {id}: {e}"))
+        })?;
         for dir in [self.sandbox_root_dir(id), self.sandbox_state_dir(id)] {
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {}
@@ -203,7 +219,15 @@ impl CriService {
 
     /// Kills a container's task, waits for it (bounded) and deletes it. A missing task is
     /// fine.
+    /// Its idmapped rootfs (pods in their own user namespace) is unmounted once the task
+    /// is gone.
     pub(crate) async fn destroy_task(&self, id: &str) -> Result<(), Status> {
+        self.kill_and_delete_task(id).await?;
+        self.unmount_idmapped_rootfs(id);
+        Ok(())
+    }
+
+    async fn kill_and_delete_task(&self, id: &str) -> Result<(), Status> {
         let Some(state) = self.containerd.task_state(id).await.map_err(internal)? else {
             return Ok(());
         };

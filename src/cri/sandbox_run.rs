@@ -28,13 +28,7 @@ use crate::oci::{self, SANDBOX_OOM_SCORE_ADJ, SandboxSpecInput};
 use crate::server::CriService;
 use crate::store::{Image, Sandbox, SandboxMetadata, SandboxState, SandboxStatus};
 use crate::undo::Undo;
-
-/// Runtime types that take runc's shim options.
-const RUNC_RUNTIME_TYPES: &[&str] = &[
-    crate::config::CRIUS_SHIM,
-    crate::config::RUNC_SHIM,
-    "io.containerd.runc.v1",
-];
+use crate::userns::Mappings;
 
 impl CriService {
     pub async fn run_pod_sandbox(
@@ -59,7 +53,6 @@ impl CriService {
                 )));
             }
         }
-        refuse_user_namespace(&config)?;
         if let Some(linux) = &config.linux {
             super::sandbox_update::check_pod_resources(
                 linux.resources.as_ref(),
@@ -71,6 +64,7 @@ impl CriService {
             Status::invalid_argument(format!("no runtime for handler {handler:?} is configured"))
         })?;
         super::validate::pod_config(&config, runtime.options.systemd_cgroup)?;
+        self.pod_user_namespace_request(&config, &handler)?;
         if !is_host_network(&config) {
             self.cni.ready().map_err(|e| {
                 Status::failed_precondition(format!(
@@ -142,6 +136,8 @@ impl CriService {
         handler: &str,
         runtime: &RuntimeConfig,
     ) -> Result<(), Status> {
+        // Checked by the RPC before: here only read.
+        let userns = crate::userns::pod_mappings(&config).ok().flatten();
         let image = self.ensure_sandbox_image().await?;
         let snapshotter = self.config.containerd.snapshotter.clone();
 
@@ -159,10 +155,13 @@ impl CriService {
             });
         }
         self.write_sandbox_files(id, &config)?;
+        if let Some(mappings) = &userns {
+            self.give_sandbox_files_to_pod_root(id, mappings)?;
+        }
         let shm_path = if is_host_ipc(&config) {
             "/dev/shm".to_string()
         } else {
-            let path = self.mount_sandbox_shm(id)?;
+            let path = self.mount_sandbox_shm(id, userns.map(|m| m.host_root()))?;
             let (service, id) = (self.clone(), id.to_string());
             undo.push("unmount sandbox shm", async move {
                 service.unmount_sandbox_shm(&id)
@@ -178,7 +177,13 @@ impl CriService {
             let note = root_dir.join(NETNS_NOTE);
             crate::fsutil::write_atomic(&note, path.display().to_string().as_bytes(), 0o600)
                 .map_err(|e| Status::internal(format!("writing {}: {e}", note.display())))?;
-            crate::netns::create(&path).await.map_err(internal)?;
+            match userns {
+                Some(mappings) => {
+                    self.create_pod_user_namespace(undo, id, mappings, &path)
+                        .await?
+                }
+                None => crate::netns::create(&path).await.map_err(internal)?,
+            }
             let pinned = path.clone();
             undo.push("remove netns", async move {
                 if let Err(e) = crate::netns::remove(&pinned).await {
@@ -194,6 +199,8 @@ impl CriService {
         let pod_annotations =
             oci::passthrough_annotations(&config.annotations, &runtime.pod_annotations);
         let resolv_path = root_dir.join("resolv.conf").display().to_string();
+        let userns_pin = self.sandbox_userns_pin(id);
+        let idmapped_rootfs = self.idmapped_rootfs_dir(id);
         let spec = oci::sandbox_spec(&SandboxSpecInput {
             id,
             namespace: self.containerd.namespace(),
@@ -205,6 +212,13 @@ impl CriService {
             oom_score_adj: self.clamp_oom_score_adj(SANDBOX_OOM_SCORE_ADJ),
             systemd_cgroup: runtime.options.systemd_cgroup,
             passthrough_annotations: pod_annotations,
+            userns: userns
+                .as_ref()
+                .map(|mappings| oci::builder::PodUserNamespace {
+                    path: &userns_pin,
+                    mappings,
+                    rootfs: &idmapped_rootfs,
+                }),
         })
         .map_err(|e| Status::invalid_argument(format!("invalid sandbox config: {e}")))?;
 
@@ -266,7 +280,7 @@ impl CriService {
                 .map(Some)
         };
         let (task, network) = tokio::join!(
-            self.create_and_start_sandbox_task(id, &snapshotter),
+            self.create_and_start_sandbox_task(id, &snapshotter, userns),
             network
         );
         // Undone newest first: the task goes before its network, as in StopPodSandbox.
@@ -322,6 +336,27 @@ impl CriService {
         ] {
             self.emit_container_event(id, id, kind);
         }
+        Ok(())
+    }
+
+    /// The pod's user namespace, pinned in its state dir, with its netns inside it pinned
+    /// at `netns`; both undone on failure.
+    async fn create_pod_user_namespace(
+        &self,
+        undo: &mut Undo,
+        id: &str,
+        mappings: Mappings,
+        netns: &std::path::Path,
+    ) -> Result<(), Status> {
+        let pin = self.sandbox_userns_pin(id);
+        crate::userns::create_pod_namespaces(mappings, pin.clone(), Some(netns.to_path_buf()))
+            .await
+            .map_err(internal)?;
+        undo.push("remove user namespace", async move {
+            if let Err(e) = crate::userns::unpin(&pin) {
+                tracing::warn!(error = %e, "undo: removing the user namespace failed");
+            }
+        });
         Ok(())
     }
 
@@ -437,16 +472,24 @@ impl CriService {
     }
 
     /// Creates and starts the pause task; returns its pid.
+    /// With its own user namespace, the pause process gets the idmapped rootfs crius mounts
+    /// (the runtime then mounts nothing).
     async fn create_and_start_sandbox_task(
         &self,
         id: &str,
         snapshotter: &str,
+        userns: Option<Mappings>,
     ) -> Result<u32, Status> {
-        let mounts = self
-            .containerd
-            .snapshot_mounts(snapshotter, id)
-            .await
-            .map_err(internal)?;
+        let mounts = if let Some(mappings) = userns {
+            self.mount_idmapped_rootfs(id, &(self.sandbox_userns_pin(id), mappings))
+                .await?;
+            Vec::new()
+        } else {
+            self.containerd
+                .snapshot_mounts(snapshotter, id)
+                .await
+                .map_err(internal)?
+        };
         self.containerd
             .create_task(id, mounts, ["", "", ""], false)
             .await
@@ -486,7 +529,7 @@ impl CriService {
 
 /// The runc shim options of a runtime handler, for runc-type runtimes.
 pub(crate) fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::Any> {
-    if !RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str()) {
+    if !crate::config::RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str()) {
         return None;
     }
     let o = &runtime.options;
@@ -503,27 +546,6 @@ pub(crate) fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::An
         criu_work_path: o.criu_work_path.clone(),
     };
     Some(containerd_client::to_any(&options))
-}
-
-/// A pod in its own user namespace (`hostUsers: false`) is not built yet: refuse it rather
-/// than run it as real root on the host. `Status` says so per handler, so kubelet does not
-/// send such pods.
-fn refuse_user_namespace(config: &PodSandboxConfig) -> Result<(), Status> {
-    let mode = config
-        .linux
-        .as_ref()
-        .and_then(|l| l.security_context.as_ref())
-        .and_then(|s| s.namespace_options.as_ref())
-        .and_then(|n| n.userns_options.as_ref())
-        .map(|u| u.mode);
-    match mode {
-        Some(mode) if mode != crate::api::v1::NamespaceMode::Node as i32 => {
-            Err(Status::unimplemented(
-                "pods in their own user namespace (hostUsers: false) are not supported by crius yet",
-            ))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// What makes two RunPodSandbox requests the same: the config and the handler.

@@ -97,7 +97,7 @@ impl CriService {
                     name,
                     features: Some(RuntimeHandlerFeatures {
                         recursive_read_only_mounts: probed.recursive_read_only_mounts,
-                        user_namespaces: false,
+                        user_namespaces: probed.user_namespaces,
                     }),
                 }
             })

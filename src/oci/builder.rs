@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
     Capabilities, Linux, LinuxCapabilities, LinuxCapabilitiesBuilder, LinuxDeviceCgroup,
-    LinuxDeviceCgroupBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType, Mount,
-    Process, RootBuilder, Spec, SpecBuilder, User, UserBuilder,
+    LinuxDeviceCgroupBuilder, LinuxIdMappingBuilder, LinuxNamespace, LinuxNamespaceBuilder,
+    LinuxNamespaceType, Mount, Process, RootBuilder, Spec, SpecBuilder, User, UserBuilder,
 };
 
 use super::{MASKED_PATHS, OCI_VERSION, READONLY_PATHS, SpecError, annotations, default_mounts};
@@ -135,6 +135,50 @@ pub struct SpecParts {
     pub annotations: HashMap<String, String>,
     /// `None`: no hostname of its own (the host's, or the pod's UTS namespace's).
     pub hostname: Option<String>,
+}
+
+/// A pod's own user namespace, which its pause process and every container join.
+#[derive(Debug, Clone, Copy)]
+pub struct PodUserNamespace<'a> {
+    /// The pinned namespace.
+    pub path: &'a Path,
+    pub mappings: &'a crate::userns::Mappings,
+    /// The container's rootfs, idmapped to the namespace by crius.
+    pub rootfs: &'a Path,
+}
+
+/// Joins the pod's user namespace. The mappings go in too: the runtime reads them to know
+/// which host IDs are root inside. The rootfs is the idmapped one crius mounted.
+pub fn join_user_namespace(
+    spec: &mut Spec,
+    userns: &PodUserNamespace<'_>,
+) -> Result<(), SpecError> {
+    let id_mapping = |range: crate::userns::IdRange| {
+        LinuxIdMappingBuilder::default()
+            .container_id(range.container_id)
+            .host_id(range.host_id)
+            .size(range.size)
+            .build()
+    };
+    let uids = vec![id_mapping(userns.mappings.uids)?];
+    let gids = vec![id_mapping(userns.mappings.gids)?];
+    let linux = spec
+        .linux_mut()
+        .as_mut()
+        .ok_or_else(|| SpecError::Invalid("the spec has no linux section".to_string()))?;
+    let mut namespaces = linux.namespaces().clone().unwrap_or_default();
+    namespaces.retain(|n| n.typ() != LinuxNamespaceType::User);
+    namespaces.insert(
+        0,
+        namespace(LinuxNamespaceType::User, Some(userns.path.to_path_buf()))?,
+    );
+    linux.set_namespaces(Some(namespaces));
+    linux.set_uid_mappings(Some(uids));
+    linux.set_gid_mappings(Some(gids));
+    if let Some(root) = spec.root_mut() {
+        root.set_path(userns.rootfs.to_path_buf());
+    }
+    Ok(())
 }
 
 pub fn assemble(parts: SpecParts) -> Result<Spec, SpecError> {

@@ -59,6 +59,8 @@ pub struct ContainerSpecInput<'a> {
     /// The handler's `privileged_without_host_devices`: a privileged container then gets
     /// only the devices its config names.
     pub privileged_without_host_devices: bool,
+    /// The pod's own user namespace, when it has one.
+    pub userns: Option<builder::PodUserNamespace<'a>>,
 }
 
 /// A volume the image declares (`VOLUME`), with the host directory made for it.
@@ -422,7 +424,7 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         linux_spec.set_rootfs_propagation(Some(propagation.to_string()));
     }
 
-    builder::assemble(builder::SpecParts {
+    let mut spec = builder::assemble(builder::SpecParts {
         readonly_rootfs: security.readonly_rootfs,
         process,
         mounts: container_mounts(input, privileged, security.readonly_rootfs)?,
@@ -430,7 +432,11 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         annotations: container_annotations(input),
         // Containers share the pod's UTS namespace and its hostname.
         hostname: None,
-    })
+    })?;
+    if let Some(userns) = &input.userns {
+        builder::join_user_namespace(&mut spec, userns)?;
+    }
+    Ok(spec)
 }
 
 /// The container's process: command, environment, working dir, user, capabilities (with
@@ -875,6 +881,7 @@ mod tests {
             passthrough_annotations: HashMap::new(),
             hostname: "pod-host",
             privileged_without_host_devices: false,
+            userns: None,
             declared_volumes: &[DeclaredVolume {
                 container_path: "/var/lib/db".into(),
                 host_path: dir.path().to_path_buf(),

@@ -22,6 +22,9 @@ pub struct HandlerFeatures {
     pub recursive_read_only_mounts: bool,
     /// The runtime can make idmapped mounts itself.
     pub idmap_mounts: bool,
+    /// crius can run pods in their own user namespace on this handler: its runtime takes
+    /// runc's options (runc and crun know user namespaces) and the host can idmap mounts.
+    pub user_namespaces: bool,
 }
 
 impl HandlerFeatures {
@@ -40,6 +43,7 @@ impl HandlerFeatures {
             idmap_mounts: value["linux"]["mountExtensions"]["idmap"]["enabled"]
                 .as_bool()
                 .unwrap_or(false),
+            user_namespaces: false,
         }
     }
 }
@@ -94,9 +98,11 @@ async fn run_features(binary: &str) -> std::io::Result<Vec<u8>> {
         })?
 }
 
-/// Probes every configured handler, each runtime binary once.
+/// Probes every configured handler, each runtime binary once. `host_idmap`: whether the
+/// host can idmap mounts (user namespaces need it).
 pub async fn probe_handlers(
     runtimes: &BTreeMap<String, RuntimeConfig>,
+    host_idmap: bool,
 ) -> BTreeMap<String, HandlerFeatures> {
     let mut by_binary: BTreeMap<String, HandlerFeatures> = BTreeMap::new();
     let mut features = BTreeMap::new();
@@ -110,7 +116,15 @@ pub async fn probe_handlers(
                 found
             }
         };
-        features.insert(name.clone(), found);
+        let user_namespaces = host_idmap
+            && crate::config::RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str());
+        features.insert(
+            name.clone(),
+            HandlerFeatures {
+                user_namespaces,
+                ..found
+            },
+        );
     }
     features
 }
@@ -127,7 +141,8 @@ mod tests {
             HandlerFeatures::parse(json),
             HandlerFeatures {
                 recursive_read_only_mounts: true,
-                idmap_mounts: true
+                idmap_mounts: true,
+                user_namespaces: false,
             }
         );
     }

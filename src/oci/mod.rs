@@ -166,6 +166,8 @@ pub struct SandboxSpecInput<'a> {
     pub systemd_cgroup: bool,
     /// Pod annotations the runtime handler passes through.
     pub passthrough_annotations: HashMap<String, String>,
+    /// The pod's own user namespace, when it has one.
+    pub userns: Option<builder::PodUserNamespace<'a>>,
 }
 
 /// The pause container's spec: one step per concern, shared with containers where they
@@ -215,7 +217,7 @@ pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
         annotations::SANDBOX_LOG_DIRECTORY.to_string(),
         config.log_directory.clone(),
     );
-    builder::assemble(builder::SpecParts {
+    let mut spec = builder::assemble(builder::SpecParts {
         readonly_rootfs: true,
         process: sandbox_process(input, &security, &caps)?,
         mounts: sandbox_mounts(input)?,
@@ -223,7 +225,11 @@ pub fn sandbox_spec(input: &SandboxSpecInput<'_>) -> Result<Spec, SpecError> {
         annotations,
         // A pod with its own network has its own UTS namespace and hostname.
         hostname: (!host_network && !config.hostname.is_empty()).then(|| config.hostname.clone()),
-    })
+    })?;
+    if let Some(userns) = &input.userns {
+        builder::join_user_namespace(&mut spec, userns)?;
+    }
+    Ok(spec)
 }
 
 /// The pause process: the image's command as the pod's user, default capabilities.
@@ -455,7 +461,50 @@ mod tests {
             oom_score_adj: -998,
             systemd_cgroup: false,
             passthrough_annotations: HashMap::new(),
+            userns: None,
         }
+    }
+
+    #[test]
+    fn a_pod_user_namespace_is_joined_with_its_mappings_and_idmapped_rootfs() {
+        let config = pod(false);
+        let image = RunConfig {
+            cmd: Some(vec!["/pause".to_string()]),
+            ..Default::default()
+        };
+        let range = crate::userns::IdRange {
+            container_id: 0,
+            host_id: 100000,
+            size: 65536,
+        };
+        let mappings = crate::userns::Mappings {
+            uids: range,
+            gids: range,
+        };
+        let mut input = input(&config, &image);
+        input.userns = Some(builder::PodUserNamespace {
+            path: std::path::Path::new("/run/crius/sandboxes/abc/userns"),
+            mappings: &mappings,
+            rootfs: std::path::Path::new("/run/crius/rootfs/abc"),
+        });
+        let spec = sandbox_spec(&input).unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        let namespaces = linux.namespaces().as_ref().unwrap();
+        assert_eq!(namespaces[0].typ(), LinuxNamespaceType::User);
+        assert_eq!(
+            namespaces[0].path().as_deref(),
+            Some(std::path::Path::new("/run/crius/sandboxes/abc/userns"))
+        );
+        let uids = linux.uid_mappings().as_ref().unwrap();
+        assert_eq!(
+            (uids[0].container_id(), uids[0].host_id(), uids[0].size()),
+            (0, 100000, 65536)
+        );
+        assert_eq!(linux.gid_mappings().as_ref().unwrap().len(), 1);
+        assert_eq!(
+            spec.root().as_ref().unwrap().path(),
+            std::path::Path::new("/run/crius/rootfs/abc")
+        );
     }
 
     #[test]

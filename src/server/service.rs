@@ -71,6 +71,8 @@ pub struct ServiceState {
     pub layer_usages: crate::stats::LayerUsages,
     /// What each runtime handler's OCI runtime can do, probed at start-up.
     pub handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
+    /// Whether this host can idmap mounts for pods in their own user namespace; why not.
+    pub host_idmap: Result<(), String>,
     /// Container and sandbox lifecycle events for `GetContainerEvents`.
     pub container_events: tokio::sync::broadcast::Sender<crate::api::v1::ContainerEventResponse>,
     /// Exec/attach/port-forward requests waiting for their client.
@@ -157,8 +159,10 @@ impl CriService {
                 "no cgroup hierarchy found in /proc/self/mountinfo: stats carry no CPU or memory"
             );
         }
+        let host_idmap = probe_host_idmap(&config).await;
         let handler_features =
-            crate::oci::features::probe_handlers(&config.containerd.runtimes).await;
+            crate::oci::features::probe_handlers(&config.containerd.runtimes, host_idmap.is_ok())
+                .await;
         tracing::debug!(?handler_features, "runtime handler features");
         let stream_requests = Arc::new(crate::streaming::StreamRequests::new(
             config.stream.token_ttl,
@@ -184,6 +188,7 @@ impl CriService {
             cpu_rates: Default::default(),
             layer_usages: Default::default(),
             handler_features,
+            host_idmap,
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             image_volume_lock: tokio::sync::Mutex::new(()),
@@ -272,6 +277,25 @@ fn has_effective_capability(cap: u32) -> bool {
                 .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         })
         .is_some_and(|mask| mask & (1 << cap) != 0)
+}
+
+/// Checks once whether pods can have their own user namespace here, and says so.
+async fn probe_host_idmap(config: &Config) -> Result<(), String> {
+    let (root, state) = (config.root.clone(), config.state.clone());
+    let probed = tokio::task::spawn_blocking(move || {
+        crate::idmap::probe_host(&[root.as_path(), state.as_path()], &root)
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match &probed {
+        Ok(()) => {
+            tracing::info!("pods in their own user namespace (hostUsers: false) are supported")
+        }
+        Err(e) => {
+            tracing::warn!(reason = %e, "pods in their own user namespace (hostUsers: false) cannot run on this host")
+        }
+    }
+    probed
 }
 
 /// Creates `path` (and parents) with mode 0711: others may traverse but not list.

@@ -1,0 +1,242 @@
+//! What pods in their own user namespace (`hostUsers: false`) need beyond the spec: the
+//! check that the handler can run them, where the namespace is pinned, and the idmapped
+//! rootfs crius mounts for the pause process and each container, so any OCI runtime that
+//! knows user namespaces can run them (runc before 1.2 cannot idmap a mount itself).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use tonic::Status;
+
+use crate::api::v1::PodSandboxConfig;
+use crate::server::CriService;
+use crate::store::SandboxMetadata;
+use crate::userns::Mappings;
+
+/// Under the state dir: the idmapped rootfs of each sandbox and container of such pods.
+const IDMAPPED_ROOTFS_DIR: &str = "rootfs";
+/// In a sandbox's state dir: its pinned user namespace.
+const USERNS_PIN: &str = "userns";
+
+impl CriService {
+    /// The mappings of a pod that asks for its own user namespace, refused with
+    /// INVALID_ARGUMENT when the CRI does not allow them, and with FAILED_PRECONDITION when
+    /// the handler (or the host) cannot run such a pod.
+    pub(crate) fn pod_user_namespace_request(
+        &self,
+        config: &PodSandboxConfig,
+        handler: &str,
+    ) -> Result<Option<Mappings>, Status> {
+        let Some(mappings) = crate::userns::pod_mappings(config)
+            .map_err(|e| Status::invalid_argument(format!("user namespace: {e}")))?
+        else {
+            return Ok(None);
+        };
+        let name = if handler.is_empty() {
+            self.config.containerd.default_runtime.as_str()
+        } else {
+            handler
+        };
+        let supported = self
+            .handler_features
+            .get(name)
+            .is_some_and(|f| f.user_namespaces);
+        if !supported {
+            return Err(Status::failed_precondition(format!(
+                "runtime handler {name:?} cannot run pods in their own user namespace on this \
+                 host: {}",
+                self.host_idmap
+                    .as_ref()
+                    .err()
+                    .map(String::as_str)
+                    .unwrap_or("its runtime type does not take user namespaces")
+            )));
+        }
+        if super::sandbox::is_host_network(config) {
+            return Err(Status::invalid_argument(
+                "a pod on the host's network cannot have its own user namespace here (the \
+                 runtime cannot mount sysfs for it)",
+            ));
+        }
+        Ok(Some(mappings))
+    }
+
+    /// Where a sandbox's user namespace is pinned.
+    pub(crate) fn sandbox_userns_pin(&self, sandbox_id: &str) -> PathBuf {
+        self.sandbox_state_dir(sandbox_id).join(USERNS_PIN)
+    }
+
+    /// Where the idmapped rootfs of the sandbox or container `id` is mounted.
+    pub(crate) fn idmapped_rootfs_dir(&self, id: &str) -> PathBuf {
+        self.config.state.join(IDMAPPED_ROOTFS_DIR).join(id)
+    }
+
+    /// The pinned user namespace and mappings of a sandbox that has its own.
+    pub(crate) fn sandbox_user_namespace(
+        &self,
+        metadata: &SandboxMetadata,
+    ) -> Option<(PathBuf, Mappings)> {
+        let mappings = crate::userns::pod_mappings(&metadata.config).ok()??;
+        Some((self.sandbox_userns_pin(&metadata.id), mappings))
+    }
+
+    /// The pinned user namespace of a container's pod, if the pod has its own.
+    pub(crate) fn container_user_namespace(
+        &self,
+        container: &crate::store::Container,
+    ) -> Option<(PathBuf, Mappings)> {
+        let sandbox = self
+            .sandboxes
+            .get(&container.metadata.sandbox_id)
+            .ok()
+            .flatten()?;
+        self.sandbox_user_namespace(&sandbox.metadata())
+    }
+
+    /// Mounts the snapshot `id` for the pod's user namespace at `idmapped_rootfs_dir(id)`.
+    pub(crate) async fn mount_idmapped_rootfs(
+        &self,
+        id: &str,
+        (userns, mappings): &(PathBuf, Mappings),
+    ) -> Result<(), Status> {
+        let mounts = self
+            .containerd
+            .snapshot_mounts(&self.config.containerd.snapshotter, id)
+            .await
+            .map_err(|e| Status::internal(format!("the rootfs mounts of {id}: {e}")))?;
+        let target = self.idmapped_rootfs_dir(id);
+        let (userns, host_root) = (userns.clone(), mappings.host_root());
+        tokio::task::spawn_blocking(move || mount_idmapped(&mounts, &target, &userns, host_root))
+            .await
+            .map_err(|e| Status::internal(format!("mounting the rootfs of {id}: {e}")))?
+            .map_err(|e| Status::internal(format!("mounting the idmapped rootfs of {id}: {e}")))
+    }
+
+    /// Unmounts and removes an idmapped rootfs; none is fine.
+    pub(crate) fn unmount_idmapped_rootfs(&self, id: &str) {
+        let target = self.idmapped_rootfs_dir(id);
+        if !target.exists() {
+            return;
+        }
+        if let Err(e) = crate::mount::unmount_all(&target) {
+            tracing::warn!(id, error = %e, "unmounting an idmapped rootfs failed");
+            return;
+        }
+        let _ = std::fs::remove_dir(&target);
+    }
+
+    /// Start-up: unmounts the idmapped rootfs of every sandbox or container not in `known`.
+    pub(crate) fn remove_stray_idmapped_rootfs(&self, known: &dyn Fn(&str) -> bool) {
+        let Ok(entries) = std::fs::read_dir(self.config.state.join(IDMAPPED_ROOTFS_DIR)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !known(&name) {
+                tracing::info!(id = %name, "unmounting the idmapped rootfs of a removed container");
+                self.unmount_idmapped_rootfs(&name);
+            }
+        }
+    }
+
+    /// Gives the pod's own files (hostname, hosts, resolv.conf) to its root, so they are
+    /// not owned by "nobody" inside the pod.
+    pub(crate) fn give_sandbox_files_to_pod_root(
+        &self,
+        id: &str,
+        mappings: &Mappings,
+    ) -> Result<(), Status> {
+        let (uid, gid) = mappings.host_root();
+        let dir = self.sandbox_root_dir(id);
+        for name in ["hostname", "hosts", "resolv.conf"] {
+            let path = dir.join(name);
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                .map_err(|e| Status::internal(format!("chown {}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// Mounts a snapshot for a pod in its own user namespace on `target`. An overlay gets its
+/// lower layers idmapped (overlayfs cannot be idmapped itself, but takes idmapped layers),
+/// and its upper dir given to the pod's root, as containerd's remapping snapshots do: what
+/// the container writes is owned by its host IDs. The idmapped layers are mounted on
+/// staging dirs only until the overlay holds them.
+fn mount_idmapped(
+    mounts: &[containerd_client::types::Mount],
+    target: &Path,
+    userns: &Path,
+    host_root: (u32, u32),
+) -> Result<(), String> {
+    let [mount] = mounts else {
+        return Err(format!(
+            "a rootfs of {} mounts cannot be idmapped",
+            mounts.len()
+        ));
+    };
+    let parent = target.parent().unwrap_or(target);
+    std::fs::create_dir_all(target).map_err(|e| format!("create {}: {e}", target.display()))?;
+    // The runtime resolves the rootfs inside the user namespace: it must be able to pass.
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| format!("chmod {}: {e}", parent.display()))?;
+    let layers = target.with_extension("layers");
+    let mounted = match mount.r#type.as_str() {
+        "overlay" => mount_overlay_with_idmapped_layers(mount, target, &layers, userns, host_root),
+        // An image without layers: its one directory, given to the pod's root.
+        "bind" => give_to(Path::new(&mount.source), host_root)
+            .and_then(|()| crate::mount::mount_all(mounts, target).map_err(|e| e.to_string())),
+        other => Err(format!("a {other:?} rootfs cannot be idmapped")),
+    };
+    if layers.exists() {
+        let _ = remove_layer_mounts(&layers);
+    }
+    mounted
+}
+
+fn mount_overlay_with_idmapped_layers(
+    mount: &containerd_client::types::Mount,
+    target: &Path,
+    layers: &Path,
+    userns: &Path,
+    host_root: (u32, u32),
+) -> Result<(), String> {
+    let mut options = Vec::with_capacity(mount.options.len());
+    for option in &mount.options {
+        if let Some(lowers) = option.strip_prefix("lowerdir=") {
+            let mut idmapped = Vec::new();
+            for (i, lower) in lowers.split(':').enumerate() {
+                let staged = layers.join(i.to_string());
+                std::fs::create_dir_all(&staged)
+                    .map_err(|e| format!("create {}: {e}", staged.display()))?;
+                crate::idmap::bind(Path::new(lower), &staged, userns, false)
+                    .map_err(|e| e.to_string())?;
+                idmapped.push(staged.display().to_string());
+            }
+            options.push(format!("lowerdir={}", idmapped.join(":")));
+        } else {
+            if let Some(upper) = option.strip_prefix("upperdir=") {
+                give_to(Path::new(upper), host_root)?;
+            }
+            options.push(option.clone());
+        }
+    }
+    let remapped = containerd_client::types::Mount {
+        options,
+        ..mount.clone()
+    };
+    crate::mount::mount_all(std::slice::from_ref(&remapped), target).map_err(|e| e.to_string())
+}
+
+/// The overlay holds its own references to its layers: the staging mounts can go.
+fn remove_layer_mounts(layers: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(layers)?.flatten() {
+        let _ = crate::mount::unmount_all(&entry.path());
+    }
+    std::fs::remove_dir_all(layers)
+}
+
+/// Gives a directory (itself, not what is in it) to the pod's root.
+fn give_to(dir: &Path, (uid, gid): (u32, u32)) -> Result<(), String> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
+        .map_err(|e| format!("chown {}: {e}", dir.display()))
+}
