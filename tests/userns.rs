@@ -1,8 +1,10 @@
 //! Pods in their own user namespace (`hostUsers: false`) against the real containerd and
-//! runc: root inside is a mapped uid outside; the rootfs, the pod's files and /dev/shm are
-//! owned by the pod's root; a host path the range does not own cannot be written; the
-//! mapping rules of the CRI are enforced with INVALID_ARGUMENT; a restart of crius keeps
-//! the pod; removal leaves no mount or pinned namespace behind.
+//! runc (under crius's shim and containerd's Go shim): root inside is a mapped uid outside;
+//! the rootfs, the pod's files, /dev/shm and the image's declared volumes are owned by the
+//! pod's root; a host path the range does not own cannot be written, unless it comes with
+//! the pod's mappings (then it is idmapped, as kubelet sends volumes); the CRI's mapping
+//! rules are enforced with INVALID_ARGUMENT; host-network pods work; a restart of crius
+//! keeps the pod; removal leaves no mount or pinned namespace behind.
 
 mod common;
 
@@ -129,13 +131,28 @@ async fn root_inside_is_mapped_outside_on(handler: &str, tag: u8) {
             ..Default::default()
         })
         .collect();
+    // As kubelet sends a volume of such a pod: with the pod's mappings, so idmapped.
+    let pod_range = vec![mapping(0, HOST_ROOT, RANGE)];
+    config.mounts.push(Mount {
+        host_path: foreign.display().to_string(),
+        container_path: "/volume".to_string(),
+        uid_mappings: pod_range.clone(),
+        gid_mappings: pod_range,
+        ..Default::default()
+    });
+    let mut other_range = config.clone();
+    other_range.metadata.as_mut().expect("metadata").name = "other".into();
+    other_range.mounts[2].uid_mappings = vec![mapping(0, HOST_ROOT + RANGE, RANGE)];
+    let err = pod.create(other_range).await.expect_err("foreign mappings");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     let id = pod.run(config).await;
 
     let script = "id -u; id -g; cat /proc/self/uid_map /proc/self/gid_map; \
                   stat -c %u:%g / /bin/busybox /etc/hosts /etc/hostname /etc/resolv.conf /dev/shm; \
                   touch /new /dev/shm/x && stat -c %u:%g /new /dev/shm/x; \
                   touch /owned/y && echo owned-ok; \
-                  touch /foreign/y 2>/dev/null || echo foreign-refused";
+                  touch /foreign/y 2>/dev/null || echo foreign-refused; \
+                  stat -c %u:%g /volume && touch /volume/z && echo volume-ok";
     let (out, err, code) = pod
         .exec(&id, &["sh", "-c", script], 10)
         .await
@@ -160,6 +177,8 @@ async fn root_inside_is_mapped_outside_on(handler: &str, tag: u8) {
         "0:0",
         "owned-ok",
         "foreign-refused",
+        "0:0",
+        "volume-ok",
     ];
     assert_eq!(lines, expected, "exit {code}, stderr: {err}");
 
@@ -170,6 +189,8 @@ async fn root_inside_is_mapped_outside_on(handler: &str, tag: u8) {
     let written = std::fs::metadata(owned.join("y")).expect("written file");
     assert_eq!((written.uid(), written.gid()), (HOST_ROOT, HOST_ROOT));
     assert!(!foreign.join("y").exists());
+    // Through the idmapped volume, the pod's root writes as the host's root.
+    assert_eq!(std::fs::metadata(foreign.join("z")).expect("z").uid(), 0);
 
     // A restart of crius keeps the pod working.
     let mut crius = crius;
@@ -253,4 +274,64 @@ async fn mappings_the_cri_forbids_are_invalid_arguments_and_leave_nothing() {
         .into_inner()
         .items;
     assert!(pods.is_empty(), "{pods:?}");
+}
+
+#[tokio::test]
+async fn a_host_network_pod_can_have_its_own_user_namespace() {
+    let crius = Crius::start().await;
+    let mut config = common::pod::host_network_pod_config("userns-hostnet");
+    let linux = config.linux.get_or_insert_with(Default::default);
+    let options = linux
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default);
+    options.userns_options = own_userns().userns_options;
+    let mut pod = pod_with(&crius, config).await;
+    let id = pod
+        .run(container("c", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (out, err, _) = pod
+        .exec(
+            &id,
+            &["sh", "-c", "id -u; ls /sys/class/net | grep -c ^lo$"],
+            10,
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out, "0\n1\n", "{err}");
+    let (_, info) = pod.status(&id).await;
+    assert_eq!(host_uid(info["pid"].as_u64().expect("pid")), HOST_ROOT);
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn volumes_the_image_declares_are_owned_by_the_pods_range() {
+    let crius = Crius::start().await;
+    let mut config = common::pod::host_network_pod_config("userns-volumes");
+    let options = config
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default);
+    options.userns_options = own_userns().userns_options;
+    let mut pod = pod_with(&crius, config).await;
+    pod.pull("declared-volumes:latest").await;
+    let id = pod
+        .run(container(
+            "c",
+            "declared-volumes:latest",
+            &["sleep", "1000"],
+        ))
+        .await;
+    let script = "stat -c %u:%g /data/db/seed.txt /var/log/app; \
+                  echo more >> /var/log/app/app.log && cat /data/db/seed.txt";
+    let (out, err, _) = pod
+        .exec(&id, &["sh", "-c", script], 10)
+        .await
+        .expect("exec");
+    assert_eq!(out, "65534:65534\n0:0\nseeded by the image\n", "{err}");
+    pod.remove_pod().await;
 }

@@ -219,6 +219,10 @@ impl CriService {
                     .read_container_rootfs(&root_dir, &config, &image_volumes, mounts.clone())
                     .await?;
                 let declared_volumes = rootfs.volumes;
+                let pod_userns = self.sandbox_user_namespace(&sandbox_meta);
+                if let Some((_, mappings)) = &pod_userns {
+                    give_volumes_to_pod_root(&declared_volumes, *mappings).await?;
+                }
 
                 let linux = config.linux.clone().unwrap_or_default();
                 let security = linux.security_context.clone().unwrap_or_default();
@@ -256,12 +260,20 @@ impl CriService {
                     .map(|r| r.oom_score_adj)
                     .filter(|adj| *adj != 0)
                     .map(|adj| self.clamp_oom_score_adj(adj as i32));
-                let pod_userns = self.sandbox_user_namespace(&sandbox_meta);
                 let idmapped_rootfs = self.idmapped_rootfs_dir(&id);
+                {
+                    let (service, id) = (self.clone(), id.clone());
+                    undo.push("unmount idmapped mounts", async move {
+                        service.unmount_idmapped_rootfs(&id);
+                    });
+                }
+                let idmapped_config = self
+                    .idmap_cri_mounts(&id, &config, pod_userns.as_ref())
+                    .await?;
                 let spec = container_spec(&ContainerSpecInput {
                     id: &id,
                     namespace: self.containerd.namespace(),
-                    config: &config,
+                    config: idmapped_config.as_ref().unwrap_or(&config),
                     sandbox_id: &sandbox_meta.id,
                     sandbox_config: &sandbox_meta.config,
                     sandbox_pid: sandbox_status.pid,
@@ -289,6 +301,7 @@ impl CriService {
                             path,
                             mappings,
                             rootfs: &idmapped_rootfs,
+                            host_network: super::sandbox::is_host_network(&sandbox_meta.config),
                         }
                     }),
                 })
@@ -487,6 +500,27 @@ fn status_user(user: &crate::oci::user::ResolvedUser) -> crate::api::v1::LinuxCo
         gid: user.gid.into(),
         supplemental_groups: groups,
     }
+}
+
+/// The volumes an image declares, made for a pod in its own user namespace: owned by the
+/// pod's range, as the image's files appear through its idmapped rootfs.
+async fn give_volumes_to_pod_root(
+    volumes: &[oci::container::DeclaredVolume],
+    mappings: crate::userns::Mappings,
+) -> Result<(), Status> {
+    let paths: Vec<PathBuf> = volumes.iter().map(|v| v.host_path.clone()).collect();
+    tokio::task::spawn_blocking(move || {
+        paths
+            .iter()
+            .try_for_each(|p| super::container_rootfs::shift_owners(p, &mappings))
+    })
+    .await
+    .map_err(internal)?
+    .map_err(|e| {
+        Status::internal(format!(
+            "giving the image's volumes to the pod's range: {e}"
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -237,6 +237,40 @@ fn copy_tree(source: &Path, target: &Path, depth: usize) -> std::io::Result<()> 
     keep_owner_and_mode(&meta, target)
 }
 
+/// Gives a volume crius made (a copy of the image's content) to a pod in its own user
+/// namespace: each owner becomes its host ID in the pod's range (one the range does not map
+/// stays, and shows as "nobody" inside). Modes are kept; links are not followed.
+pub(crate) fn shift_owners(path: &Path, mappings: &crate::userns::Mappings) -> std::io::Result<()> {
+    shift_tree(path, mappings, 0)
+}
+
+fn shift_tree(
+    path: &Path,
+    mappings: &crate::userns::Mappings,
+    depth: usize,
+) -> std::io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(std::io::Error::other(format!(
+            "{} nests more than {MAX_DEPTH} directories deep",
+            path.display()
+        )));
+    }
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            shift_tree(&entry?.path(), mappings, depth + 1)?;
+        }
+    }
+    let uid = mappings.uids.to_host(meta.uid()).unwrap_or(meta.uid());
+    let gid = mappings.gids.to_host(meta.gid()).unwrap_or(meta.gid());
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+    if !meta.is_symlink() {
+        // chown cleared the setuid and setgid bits.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    }
+    Ok(())
+}
+
 /// Owner first: chown clears the setuid and setgid bits the mode may carry.
 fn keep_owner_and_mode(meta: &std::fs::Metadata, path: &Path) -> std::io::Result<()> {
     std::os::unix::fs::lchown(path, Some(meta.uid()), Some(meta.gid()))?;
@@ -280,6 +314,38 @@ mod tests {
                 host_path: PathBuf::from("/root/c1/volumes/0"),
             }]
         );
+    }
+
+    #[test]
+    fn owners_shift_into_the_pods_range_and_modes_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let volume = dir.path().join("volume");
+        std::fs::create_dir_all(volume.join("sub")).unwrap();
+        std::fs::write(volume.join("sub/file"), b"x").unwrap();
+        std::os::unix::fs::chown(volume.join("sub/file"), Some(5), Some(6)).unwrap();
+        std::fs::set_permissions(
+            volume.join("sub/file"),
+            std::fs::Permissions::from_mode(0o4750),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", volume.join("link")).unwrap();
+        let range = crate::userns::IdRange {
+            container_id: 0,
+            host_id: 100000,
+            size: 1000,
+        };
+        let mappings = crate::userns::Mappings {
+            uids: range,
+            gids: range,
+        };
+        shift_owners(&volume, &mappings).unwrap();
+        let file = std::fs::metadata(volume.join("sub/file")).unwrap();
+        assert_eq!((file.uid(), file.gid()), (100005, 100006));
+        assert_eq!(file.mode() & 0o7777, 0o4750);
+        let link = std::fs::symlink_metadata(volume.join("link")).unwrap();
+        assert_eq!(link.uid(), 100000);
+        assert_eq!(std::fs::metadata("/etc/passwd").unwrap().uid(), 0);
+        assert_eq!(std::fs::metadata(&volume).unwrap().uid(), 100000);
     }
 
     #[test]

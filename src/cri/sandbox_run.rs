@@ -170,6 +170,10 @@ impl CriService {
         };
 
         let netns_path = if is_host_network(&config) {
+            if let Some(mappings) = userns {
+                self.create_pod_user_namespace(undo, id, mappings, None)
+                    .await?;
+            }
             String::new()
         } else {
             let path = crate::netns::new_path();
@@ -179,7 +183,7 @@ impl CriService {
                 .map_err(|e| Status::internal(format!("writing {}: {e}", note.display())))?;
             match userns {
                 Some(mappings) => {
-                    self.create_pod_user_namespace(undo, id, mappings, &path)
+                    self.create_pod_user_namespace(undo, id, mappings, Some(&path))
                         .await?
                 }
                 None => crate::netns::create(&path).await.map_err(internal)?,
@@ -218,6 +222,7 @@ impl CriService {
                     path: &userns_pin,
                     mappings,
                     rootfs: &idmapped_rootfs,
+                    host_network: is_host_network(&config),
                 }),
         })
         .map_err(|e| Status::invalid_argument(format!("invalid sandbox config: {e}")))?;
@@ -339,17 +344,17 @@ impl CriService {
         Ok(())
     }
 
-    /// The pod's user namespace, pinned in its state dir, with its netns inside it pinned
-    /// at `netns`; both undone on failure.
+    /// The pod's user namespace, pinned in its state dir, with its netns (if it has one of
+    /// its own) inside it pinned at `netns`; both undone on failure.
     async fn create_pod_user_namespace(
         &self,
         undo: &mut Undo,
         id: &str,
         mappings: Mappings,
-        netns: &std::path::Path,
+        netns: Option<&std::path::Path>,
     ) -> Result<(), Status> {
         let pin = self.sandbox_userns_pin(id);
-        crate::userns::create_pod_namespaces(mappings, pin.clone(), Some(netns.to_path_buf()))
+        crate::userns::create_pod_namespaces(mappings, pin.clone(), netns.map(Into::into))
             .await
             .map_err(internal)?;
         undo.push("remove user namespace", async move {

@@ -63,7 +63,9 @@ impl CriService {
             features: Some(RuntimeFeatures {
                 // Merge and Strict are both applied (container_create).
                 supplemental_groups_policy: true,
-                user_namespaces_host_network: false,
+                // The host's /sys is bound for them (no sysfs mount in a user namespace
+                // that does not own the network).
+                user_namespaces_host_network: self.host_idmap.is_ok(),
             }),
         })
     }

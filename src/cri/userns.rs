@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use crate::api::v1::PodSandboxConfig;
+use crate::api::v1::{ContainerConfig, PodSandboxConfig};
 use crate::server::CriService;
 use crate::store::SandboxMetadata;
 use crate::userns::Mappings;
@@ -51,12 +51,6 @@ impl CriService {
                     .map(String::as_str)
                     .unwrap_or("its runtime type does not take user namespaces")
             )));
-        }
-        if super::sandbox::is_host_network(config) {
-            return Err(Status::invalid_argument(
-                "a pod on the host's network cannot have its own user namespace here (the \
-                 runtime cannot mount sysfs for it)",
-            ));
         }
         Ok(Some(mappings))
     }
@@ -112,9 +106,19 @@ impl CriService {
             .map_err(|e| Status::internal(format!("mounting the idmapped rootfs of {id}: {e}")))
     }
 
-    /// Unmounts and removes an idmapped rootfs; none is fine.
+    /// Unmounts and removes the idmapped rootfs and mounts of `id`; none is fine.
     pub(crate) fn unmount_idmapped_rootfs(&self, id: &str) {
         let target = self.idmapped_rootfs_dir(id);
+        for staging in [
+            target.with_extension("layers"),
+            target.with_extension("mounts"),
+        ] {
+            if staging.exists()
+                && let Err(e) = remove_staged_mounts(&staging)
+            {
+                tracing::warn!(id, error = %e, "removing idmapped mounts failed");
+            }
+        }
         if !target.exists() {
             return;
         }
@@ -125,18 +129,74 @@ impl CriService {
         let _ = std::fs::remove_dir(&target);
     }
 
-    /// Start-up: unmounts the idmapped rootfs of every sandbox or container not in `known`.
+    /// Start-up: unmounts the idmapped rootfs and mounts of every sandbox or container not
+    /// in `known`.
     pub(crate) fn remove_stray_idmapped_rootfs(&self, known: &dyn Fn(&str) -> bool) {
         let Ok(entries) = std::fs::read_dir(self.config.state.join(IDMAPPED_ROOTFS_DIR)) else {
             return;
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !known(&name) {
-                tracing::info!(id = %name, "unmounting the idmapped rootfs of a removed container");
-                self.unmount_idmapped_rootfs(&name);
+            let id = name.split('.').next().unwrap_or_default();
+            if !id.is_empty() && !known(id) {
+                tracing::info!(id, "unmounting the idmapped rootfs of a removed container");
+                self.unmount_idmapped_rootfs(id);
             }
         }
+    }
+
+    /// The container config its spec is built from. CRI mounts that carry ID mappings
+    /// (kubelet gives every mount of a pod in its own user namespace the pod's) are bound
+    /// from idmapped mounts crius makes under the state dir, so the runtime needs no idmap
+    /// support; mappings other than the pod's, or on a pod without its own user namespace,
+    /// are refused. `None`: no mount carries mappings.
+    pub(crate) async fn idmap_cri_mounts(
+        &self,
+        id: &str,
+        config: &ContainerConfig,
+        pod_userns: Option<&(PathBuf, Mappings)>,
+    ) -> Result<Option<ContainerConfig>, Status> {
+        let mapped =
+            |m: &crate::api::v1::Mount| !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty();
+        if !config.mounts.iter().any(mapped) {
+            return Ok(None);
+        }
+        let Some((userns, mappings)) = pod_userns else {
+            return Err(Status::invalid_argument(
+                "a mount carries ID mappings, but the pod has no user namespace of its own",
+            ));
+        };
+        let mut config = config.clone();
+        let mut to_mount = Vec::new();
+        let staging_dir = self.idmapped_rootfs_dir(id).with_extension("mounts");
+        for (i, mount) in config
+            .mounts
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, m)| mapped(m))
+        {
+            if !mount_mappings_are(mount, mappings) {
+                return Err(Status::invalid_argument(format!(
+                    "mount {:?}: crius idmaps mounts only with the pod's own mappings",
+                    mount.container_path
+                )));
+            }
+            let staged = staging_dir.join(i.to_string());
+            to_mount.push((PathBuf::from(&mount.host_path), staged.clone()));
+            mount.host_path = staged.display().to_string();
+            mount.uid_mappings.clear();
+            mount.gid_mappings.clear();
+        }
+        let userns = userns.clone();
+        tokio::task::spawn_blocking(move || {
+            to_mount
+                .iter()
+                .try_for_each(|(source, staged)| stage_idmapped_bind(source, staged, &userns))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("idmapping the mounts of {id}: {e}")))?
+        .map_err(|e| Status::invalid_argument(format!("idmapping a mount of {id}: {e}")))?;
+        Ok(Some(config))
     }
 
     /// Gives the pod's own files (hostname, hosts, resolv.conf) to its root, so they are
@@ -188,7 +248,7 @@ fn mount_idmapped(
         other => Err(format!("a {other:?} rootfs cannot be idmapped")),
     };
     if layers.exists() {
-        let _ = remove_layer_mounts(&layers);
+        let _ = remove_staged_mounts(&layers);
     }
     mounted
 }
@@ -227,12 +287,45 @@ fn mount_overlay_with_idmapped_layers(
     crate::mount::mount_all(std::slice::from_ref(&remapped), target).map_err(|e| e.to_string())
 }
 
-/// The overlay holds its own references to its layers: the staging mounts can go.
-fn remove_layer_mounts(layers: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(layers)?.flatten() {
-        let _ = crate::mount::unmount_all(&entry.path());
+/// Unmounts every mount staged in `dir` and removes it. (An overlay holds its own
+/// references to its layers: their staging mounts can go as soon as it is mounted.)
+fn remove_staged_mounts(dir: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        crate::mount::unmount_all(&entry.path()).map_err(|e| e.to_string())?;
     }
-    std::fs::remove_dir_all(layers)
+    std::fs::remove_dir_all(dir).map_err(|e| format!("remove {}: {e}", dir.display()))
+}
+
+/// Whether a mount's mappings are exactly the pod's.
+fn mount_mappings_are(mount: &crate::api::v1::Mount, mappings: &Mappings) -> bool {
+    let is = |given: &[crate::api::v1::IdMapping], range: crate::userns::IdRange| {
+        matches!(given, [m] if m.container_id == range.container_id
+            && m.host_id == range.host_id
+            && m.length == range.size)
+    };
+    is(&mount.uid_mappings, mappings.uids) && is(&mount.gid_mappings, mappings.gids)
+}
+
+/// An idmapped bind of `source` (a directory with what is mounted below it, or a file) on
+/// `staged`, which is made to match.
+fn stage_idmapped_bind(source: &Path, staged: &Path, userns: &Path) -> Result<(), String> {
+    let source = std::fs::canonicalize(source)
+        .map_err(|e| format!("mount host path {}: {e}", source.display()))?;
+    let parent = staged.parent().unwrap_or(staged);
+    std::fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| format!("chmod {}: {e}", parent.display()))?;
+    if source.is_dir() {
+        std::fs::create_dir_all(staged)
+    } else {
+        std::fs::File::create(staged).map(drop)
+    }
+    .map_err(|e| format!("create {}: {e}", staged.display()))?;
+    // Submounts that cannot be idmapped fail the recursive form: then the mount alone.
+    crate::idmap::bind(&source, staged, userns, true)
+        .or_else(|_| crate::idmap::bind(&source, staged, userns, false))
+        .map_err(|e| e.to_string())
 }
 
 /// Gives a directory (itself, not what is in it) to the pod's root.

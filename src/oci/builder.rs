@@ -145,6 +145,9 @@ pub struct PodUserNamespace<'a> {
     pub mappings: &'a crate::userns::Mappings,
     /// The container's rootfs, idmapped to the namespace by crius.
     pub rootfs: &'a Path,
+    /// The pod is on the host's network, whose namespace the pod's user namespace does not
+    /// own: sysfs cannot be mounted, so the host's /sys is bound read-only instead.
+    pub host_network: bool,
 }
 
 /// Joins the pod's user namespace. The mappings go in too: the runtime reads them to know
@@ -177,6 +180,27 @@ pub fn join_user_namespace(
     linux.set_gid_mappings(Some(gids));
     if let Some(root) = spec.root_mut() {
         root.set_path(userns.rootfs.to_path_buf());
+    }
+    if userns.host_network {
+        bind_host_sysfs(spec)?;
+    }
+    Ok(())
+}
+
+/// Replaces a sysfs mount at /sys by a read-only bind of the host's /sys.
+fn bind_host_sysfs(spec: &mut Spec) -> Result<(), SpecError> {
+    let Some(mounts) = spec.mounts_mut() else {
+        return Ok(());
+    };
+    for mount in mounts.iter_mut() {
+        if mount.destination() == Path::new("/sys") && mount.typ().as_deref() == Some("sysfs") {
+            *mount = super::mount(
+                "/sys",
+                "bind",
+                "/sys",
+                &["rbind", "nosuid", "nodev", "noexec", "ro"],
+            )?;
+        }
     }
     Ok(())
 }

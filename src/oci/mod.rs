@@ -486,6 +486,7 @@ mod tests {
             path: std::path::Path::new("/run/crius/sandboxes/abc/userns"),
             mappings: &mappings,
             rootfs: std::path::Path::new("/run/crius/rootfs/abc"),
+            host_network: false,
         });
         let spec = sandbox_spec(&input).unwrap();
         let linux = spec.linux().as_ref().unwrap();
@@ -505,6 +506,21 @@ mod tests {
             spec.root().as_ref().unwrap().path(),
             std::path::Path::new("/run/crius/rootfs/abc")
         );
+        let sys = |spec: &Spec| {
+            spec.mounts()
+                .iter()
+                .flatten()
+                .find(|m| m.destination() == std::path::Path::new("/sys"))
+                .and_then(|m| m.typ().clone())
+        };
+        assert_eq!(sys(&spec).as_deref(), Some("sysfs"));
+
+        // On the host's network, the host's /sys is bound instead of a new sysfs.
+        if let Some(userns) = input.userns.as_mut() {
+            userns.host_network = true;
+        }
+        let spec = sandbox_spec(&input).unwrap();
+        assert_eq!(sys(&spec).as_deref(), Some("bind"));
     }
 
     #[test]
