@@ -843,64 +843,6 @@ async fn v1alpha2_serves_every_rpc_family_over_grpc_and_ttrpc() {
 }
 
 #[tokio::test]
-async fn what_is_not_built_yet_is_refused_not_ignored() {
-    let crius = Crius::start().await;
-    let mut pod = pod(&crius, "refusals").await;
-
-    // A pod in its own user namespace would otherwise run as real root.
-    let mut userns = pod_config("userns");
-    userns
-        .linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options = Some(v1::NamespaceOption {
-        network: v1::NamespaceMode::Node as i32,
-        userns_options: Some(v1::UserNamespace {
-            mode: v1::NamespaceMode::Pod as i32,
-            uids: vec![v1::IdMapping {
-                host_id: 100_000,
-                container_id: 0,
-                length: 65_536,
-            }],
-            gids: vec![v1::IdMapping {
-                host_id: 100_000,
-                container_id: 0,
-                length: 65_536,
-            }],
-        }),
-        ..Default::default()
-    });
-    let err = pod
-        .client
-        .runtime
-        .run_pod_sandbox(v1::RunPodSandboxRequest {
-            config: Some(userns),
-            runtime_handler: String::new(),
-        })
-        .await
-        .expect_err("user namespaces are not built");
-    assert_eq!(err.code(), tonic::Code::Unimplemented);
-    assert!(
-        err.message().contains("user namespace"),
-        "{}",
-        err.message()
-    );
-
-    // It left nothing: only the first pod is listed.
-    let pods = pod
-        .client
-        .runtime
-        .list_pod_sandbox(ListPodSandboxRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .items;
-    assert_eq!(pods.len(), 1);
-    pod.remove_pod().await;
-}
-
-#[tokio::test]
 #[cfg_attr(
     not(feature = "failpoints"),
     ignore = "needs --features failpoints (make test has it)"

@@ -425,20 +425,6 @@ async fn a_stale_socket_file_is_replaced() {
 }
 
 #[tokio::test]
-async fn rpcs_not_built_answer_unimplemented() {
-    let crius = Crius::start().await;
-    let err = crius
-        .client()
-        .await
-        .runtime
-        .checkpoint_container(crius::api::v1::CheckpointContainerRequest::default())
-        .await
-        .expect_err("not built");
-    assert_eq!(err.code(), tonic::Code::Unimplemented);
-    assert!(err.message().contains("CheckpointContainer"));
-}
-
-#[tokio::test]
 async fn update_runtime_config_writes_the_conflist_template() {
     let template_dir = tempfile::tempdir().unwrap();
     let template = template_dir.path().join("template.json");

@@ -5,10 +5,11 @@ use std::time::{Duration, SystemTime};
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::snapshots::MountsRequest;
 use containerd_client::services::v1::{
-    CloseIoRequest, Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest, GetContainerRequest, GetRequest,
-    KillRequest, ListContainersRequest, ResizePtyRequest, StartRequest, UpdateContainerRequest,
-    UpdateTaskRequest, WaitRequest,
+    CheckpointTaskRequest, CloseIoRequest, Container, CreateContainerRequest, CreateTaskRequest,
+    DeleteContainerRequest, DeleteProcessRequest, DeleteTaskRequest, ExecProcessRequest,
+    GetContainerRequest, GetRequest, KillRequest, ListContainersRequest, PauseTaskRequest,
+    ResizePtyRequest, ResumeTaskRequest, StartRequest, UpdateContainerRequest, UpdateTaskRequest,
+    WaitRequest,
 };
 use containerd_client::types::Mount;
 use containerd_client::types::v1::Status as ProcessStatus;
@@ -173,6 +174,47 @@ impl Containerd {
             .await
             .map_err(ContainerdError::rpc("create task"))?;
         Ok(resp.into_inner().pid)
+    }
+
+    /// Checkpoints a running task with runc's options (CRIU's images go to their
+    /// `image_path`, not into the content store); the task keeps running unless they say
+    /// `exit`.
+    pub async fn checkpoint_task(
+        &self,
+        id: &str,
+        options: prost_types::Any,
+    ) -> Result<(), ContainerdError> {
+        self.tasks()
+            .checkpoint(CheckpointTaskRequest {
+                container_id: id.to_string(),
+                options: Some(options),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(ContainerdError::rpc("checkpoint task"))
+    }
+
+    /// Freezes a task's processes.
+    pub async fn pause_task(&self, id: &str) -> Result<(), ContainerdError> {
+        self.tasks()
+            .pause(PauseTaskRequest {
+                container_id: id.to_string(),
+            })
+            .await
+            .map(|_| ())
+            .map_err(ContainerdError::rpc("pause task"))
+    }
+
+    /// Thaws a paused task.
+    pub async fn resume_task(&self, id: &str) -> Result<(), ContainerdError> {
+        self.tasks()
+            .resume(ResumeTaskRequest {
+                container_id: id.to_string(),
+            })
+            .await
+            .map(|_| ())
+            .map_err(ContainerdError::rpc("resume task"))
     }
 
     /// Starts a task's init process (`exec_id` empty) or an exec process.

@@ -6,6 +6,7 @@
 //! transports are the server layer's business.
 
 pub(crate) mod container;
+mod container_checkpoint;
 mod container_create;
 pub(crate) use container_create::container_fingerprint;
 mod container_events;
@@ -27,7 +28,6 @@ pub(crate) mod image_volume;
 mod list_stream;
 mod metrics;
 mod names;
-mod not_built;
 mod runtime_config;
 mod runtime_errors;
 pub(crate) mod sandbox;

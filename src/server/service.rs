@@ -73,6 +73,8 @@ pub struct ServiceState {
     pub handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
     /// Whether this host can idmap mounts for pods in their own user namespace; why not.
     pub host_idmap: Result<(), String>,
+    /// Whether CRIU can checkpoint containers here (`criu check` at start-up); why not.
+    pub criu: Result<(), String>,
     /// Container and sandbox lifecycle events for `GetContainerEvents`.
     pub container_events: tokio::sync::broadcast::Sender<crate::api::v1::ContainerEventResponse>,
     /// Exec/attach/port-forward requests waiting for their client.
@@ -160,6 +162,13 @@ impl CriService {
             );
         }
         let host_idmap = probe_host_idmap(&config).await;
+        let criu = crate::checkpoint::probe_criu().await;
+        match &criu {
+            Ok(()) => tracing::info!("CRIU works: containers can be checkpointed"),
+            Err(reason) => {
+                tracing::warn!(%reason, "containers cannot be checkpointed on this host: CheckpointContainer answers FAILED_PRECONDITION")
+            }
+        }
         let handler_features =
             crate::oci::features::probe_handlers(&config.containerd.runtimes, host_idmap.is_ok())
                 .await;
@@ -189,6 +198,7 @@ impl CriService {
             layer_usages: Default::default(),
             handler_features,
             host_idmap,
+            criu,
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             image_volume_lock: tokio::sync::Mutex::new(()),

@@ -1,0 +1,451 @@
+//! Container checkpoints (kubelet's forensic checkpoint): whether CRIU works on this host,
+//! and the archive a checkpoint is written as, in the layout containerd's CRI and CRI-O
+//! write (and `checkpointctl` reads).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::io::AsyncReadExt;
+
+/// The archive's members, as checkpointctl names them.
+pub const CHECKPOINT_DIR: &str = "checkpoint";
+pub const CONFIG_DUMP: &str = "config.dump";
+pub const SPEC_DUMP: &str = "spec.dump";
+pub const STATUS_DUMP: &str = "status.dump";
+pub const ROOTFS_DIFF: &str = "rootfs-diff.tar";
+pub const DELETED_FILES: &str = "deleted.files";
+pub const CONTAINER_LOG: &str = "container.log";
+/// What CRIU writes in its work dir, kept for whoever reads the checkpoint.
+const CRIU_WORK_FILES: &[&str] = &["dump.log", "stats-dump"];
+/// How deep a writable layer is walked.
+const MAX_DEPTH: usize = 128;
+
+/// How long `criu check` may take.
+const CRIU_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of its output kept for the reason.
+const CRIU_CHECK_MAX_BYTES: u64 = 64 * 1024;
+
+/// Whether CRIU can checkpoint on this host (`criu check`); the reason when not.
+pub async fn probe_criu() -> Result<(), String> {
+    let child = tokio::process::Command::new("criu")
+        .arg("check")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err("CRIU is not installed (no `criu` on the PATH)".to_string());
+        }
+        Err(e) => return Err(format!("running `criu check`: {e}")),
+    };
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let run = async {
+        let mut out = Vec::new();
+        if let Some(stdout) = stdout {
+            stdout
+                .take(CRIU_CHECK_MAX_BYTES)
+                .read_to_end(&mut out)
+                .await?;
+        }
+        if let Some(stderr) = stderr {
+            stderr
+                .take(CRIU_CHECK_MAX_BYTES)
+                .read_to_end(&mut out)
+                .await?;
+        }
+        let status = child.wait().await?;
+        Ok::<_, std::io::Error>((status, out))
+    };
+    match tokio::time::timeout(CRIU_CHECK_TIMEOUT, run).await {
+        Err(_) => Err(format!("`criu check` took over {CRIU_CHECK_TIMEOUT:?}")),
+        Ok(Err(e)) => Err(format!("running `criu check`: {e}")),
+        Ok(Ok((status, _))) if status.success() => Ok(()),
+        Ok(Ok((status, out))) => Err(criu_check_reason(&String::from_utf8_lossy(&out), status)),
+    }
+}
+
+/// The first error CRIU printed (the root cause; later lines follow from it).
+fn criu_check_reason(output: &str, status: std::process::ExitStatus) -> String {
+    match output.lines().find(|l| l.starts_with("Error")) {
+        Some(line) => format!("`criu check` failed: {}", line.trim()),
+        None => format!("`criu check` failed ({status})"),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    let what = what.to_string();
+    move |source| CheckpointError::Io { what, source }
+}
+
+/// `config.dump`: checkpointctl's description of the checkpointed container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerConfigDump {
+    pub id: String,
+    pub name: String,
+    pub rootfs_image: String,
+    pub rootfs_image_ref: String,
+    pub rootfs_image_name: String,
+    pub runtime: String,
+    pub created_time: String,
+    pub checkpointed_time: String,
+    pub restored_time: String,
+    pub restored: bool,
+}
+
+/// An RFC 3339 time as Go writes `time.Time` in JSON; the zero time for "never".
+pub fn go_time(time: Option<SystemTime>) -> String {
+    match time {
+        Some(time) => humantime::format_rfc3339_nanos(time).to_string(),
+        None => "0001-01-01T00:00:00Z".to_string(),
+    }
+}
+
+/// Everything a checkpoint archive is made of.
+pub struct ArchiveParts<'a> {
+    /// CRIU's images (`checkpoint/` in the archive).
+    pub images: &'a Path,
+    /// CRIU's work dir, whose log and statistics are kept.
+    pub work: &'a Path,
+    pub config_dump: &'a ContainerConfigDump,
+    /// The OCI runtime spec, as JSON.
+    pub spec_dump: &'a [u8],
+    /// The CRI `ContainerStatus`, as JSON.
+    pub status_dump: &'a [u8],
+    /// The container's CRI log, if it has one.
+    pub log: Option<&'a Path>,
+    /// The container's writable layer (an overlay upper dir), if it has one.
+    pub upper: Option<&'a Path>,
+    /// A directory for the archive's intermediate files.
+    pub scratch: &'a Path,
+}
+
+/// Writes the archive at `location` (absolute): an uncompressed tar of the CRIU images,
+/// CRIU's log, `config.dump`, `spec.dump`, `status.dump`, `container.log` and the
+/// writable layer's changes (`rootfs-diff.tar` with what it added or changed, and
+/// `deleted.files`, a JSON list of what it removed). It appears whole or not at all: it is
+/// written next to `location` and renamed. Blocking.
+pub fn write_archive(location: &Path, parts: &ArchiveParts<'_>) -> Result<(), CheckpointError> {
+    if !location.is_absolute() {
+        return Err(CheckpointError::Invalid(format!(
+            "the checkpoint location {} is not an absolute path",
+            location.display()
+        )));
+    }
+    let name = location.file_name().ok_or_else(|| {
+        CheckpointError::Invalid("the checkpoint location has no file name".into())
+    })?;
+    let partial = location.with_file_name(format!(
+        ".{}.partial-{:x}",
+        name.to_string_lossy(),
+        rand::random::<u64>()
+    ));
+    let written = write_archive_to(&partial, parts);
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+        return written;
+    }
+    std::fs::rename(&partial, location).map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
+        io(format!("rename the archive to {}", location.display()))(e)
+    })
+}
+
+fn write_archive_to(path: &Path, parts: &ArchiveParts<'_>) -> Result<(), CheckpointError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(format!("create {}", path.display())))?;
+    let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
+    tar.follow_symlinks(false);
+    tar.append_dir_all(CHECKPOINT_DIR, parts.images)
+        .map_err(io("archive the CRIU images"))?;
+    for name in CRIU_WORK_FILES {
+        let file = parts.work.join(name);
+        if file.is_file() {
+            tar.append_path_with_name(&file, name)
+                .map_err(io(format!("archive {name}")))?;
+        }
+    }
+    let config = serde_json::to_vec(parts.config_dump)
+        .map_err(|e| CheckpointError::Invalid(format!("config.dump: {e}")))?;
+    for (name, data) in [
+        (CONFIG_DUMP, config.as_slice()),
+        (SPEC_DUMP, parts.spec_dump),
+        (STATUS_DUMP, parts.status_dump),
+    ] {
+        append_bytes(&mut tar, name, data)?;
+    }
+    if let Some(log) = parts.log.filter(|l| l.is_file()) {
+        tar.append_path_with_name(log, CONTAINER_LOG)
+            .map_err(io("archive the container's log"))?;
+    }
+    if let Some(upper) = parts.upper {
+        let diff = parts.scratch.join(ROOTFS_DIFF);
+        let deleted = write_rootfs_diff(upper, &diff)?;
+        tar.append_path_with_name(&diff, ROOTFS_DIFF)
+            .map_err(io("archive the rootfs diff"))?;
+        let deleted = serde_json::to_vec(&deleted)
+            .map_err(|e| CheckpointError::Invalid(format!("deleted.files: {e}")))?;
+        append_bytes(&mut tar, DELETED_FILES, &deleted)?;
+    }
+    let mut out = tar
+        .into_inner()
+        .map_err(io("finish the archive"))?
+        .into_inner()
+        .map_err(|e| io("flush the archive")(e.into_error()))?;
+    out.flush().map_err(io("flush the archive"))?;
+    out.sync_all().map_err(io("sync the archive"))
+}
+
+fn append_bytes<W: Write>(
+    tar: &mut tar::Builder<W>,
+    name: &str,
+    data: &[u8],
+) -> Result<(), CheckpointError> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o600);
+    header.set_mtime(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+    );
+    header.set_cksum();
+    tar.append_data(&mut header, name, data)
+        .map_err(io(format!("archive {name}")))
+}
+
+/// Tars what the writable layer `upper` added or changed into `out`, and returns what it
+/// removed: overlay whiteouts (0/0 character devices) are removed paths, and an opaque
+/// directory is one whose earlier content was removed (listed, then written whole).
+pub fn write_rootfs_diff(upper: &Path, out: &Path) -> Result<Vec<String>, CheckpointError> {
+    let file = File::create(out).map_err(io(format!("create {}", out.display())))?;
+    let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
+    tar.follow_symlinks(false);
+    let mut deleted = Vec::new();
+    add_layer_dir(&mut tar, upper, Path::new(""), &mut deleted, 0)?;
+    tar.into_inner()
+        .map_err(io("finish the rootfs diff"))?
+        .flush()
+        .map_err(io("flush the rootfs diff"))?;
+    Ok(deleted)
+}
+
+fn add_layer_dir<W: Write>(
+    tar: &mut tar::Builder<W>,
+    dir: &Path,
+    relative: &Path,
+    deleted: &mut Vec<String>,
+    depth: usize,
+) -> Result<(), CheckpointError> {
+    if depth > MAX_DEPTH {
+        return Err(CheckpointError::Invalid(format!(
+            "the container's writable layer nests more than {MAX_DEPTH} directories deep"
+        )));
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(format!("read {}", dir.display())))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(io(format!("read {}", dir.display())))?;
+    entries.sort();
+    for path in entries {
+        let Some(name) = path.file_name() else {
+            continue;
+        };
+        let inside = relative.join(name);
+        let meta =
+            std::fs::symlink_metadata(&path).map_err(io(format!("stat {}", path.display())))?;
+        if meta.file_type().is_char_device() && meta.rdev() == 0 {
+            deleted.push(format!("/{}", inside.display()));
+            continue;
+        }
+        if meta.is_dir() && is_opaque(&path) {
+            deleted.push(format!("/{}", inside.display()));
+        }
+        tar.append_path_with_name(&path, &inside)
+            .map_err(io(format!("archive {}", inside.display())))?;
+        if meta.is_dir() {
+            add_layer_dir(tar, &path, &inside, deleted, depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether overlayfs marked the directory opaque (what lower layers had there is hidden).
+fn is_opaque(dir: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut value = [0u8; 1];
+    // SAFETY: a NUL-terminated path and a buffer of the length given, both live across it.
+    let len = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    len == 1 && value[0] == b'y'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn entries(archive: &Path) -> Vec<String> {
+        let mut tar = tar::Archive::new(File::open(archive).unwrap());
+        tar.entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect()
+    }
+
+    fn read_member(archive: &Path, name: &str) -> Vec<u8> {
+        let mut tar = tar::Archive::new(File::open(archive).unwrap());
+        for entry in tar.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            if entry.path().unwrap().to_str() == Some(name) {
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+                return data;
+            }
+        }
+        panic!("{name} is not in the archive");
+    }
+
+    #[test]
+    fn the_archive_has_every_part_checkpointctl_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join("images");
+        let work = dir.path().join("work");
+        let upper = dir.path().join("upper");
+        for d in [&images, &work, &upper.join("etc"), &upper.join("data")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(images.join("pages-1.img"), b"pages").unwrap();
+        std::fs::write(work.join("dump.log"), b"dumped").unwrap();
+        std::fs::write(upper.join("etc/new.conf"), b"new").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", upper.join("link")).unwrap();
+        // A whiteout: the container removed /etc/old.conf.
+        nix::sys::stat::mknod(
+            &upper.join("etc/old.conf"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::empty(),
+            0,
+        )
+        .unwrap();
+        let log = dir.path().join("c.log");
+        std::fs::write(&log, b"2026-12-02T10:00:00Z stdout F 1\n").unwrap();
+        let config = ContainerConfigDump {
+            id: "abc".into(),
+            name: "counter".into(),
+            rootfs_image: "busybox:latest".into(),
+            rootfs_image_ref: "sha256:1".into(),
+            rootfs_image_name: "busybox:latest".into(),
+            runtime: "io.containerd.runc.v2".into(),
+            created_time: go_time(Some(SystemTime::UNIX_EPOCH)),
+            checkpointed_time: go_time(Some(SystemTime::now())),
+            restored_time: go_time(None),
+            restored: false,
+        };
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let location = out.join("checkpoint.tar");
+        let scratch = dir.path().join("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        let parts = ArchiveParts {
+            images: &images,
+            work: &work,
+            config_dump: &config,
+            spec_dump: br#"{"ociVersion":"1.0.2-dev"}"#,
+            status_dump: br#"{"id":"abc"}"#,
+            log: Some(&log),
+            upper: Some(&upper),
+            scratch: &scratch,
+        };
+        write_archive(&location, &parts).unwrap();
+
+        let names = entries(&location);
+        for wanted in [
+            "checkpoint/pages-1.img",
+            "dump.log",
+            CONFIG_DUMP,
+            SPEC_DUMP,
+            STATUS_DUMP,
+            CONTAINER_LOG,
+            ROOTFS_DIFF,
+            DELETED_FILES,
+        ] {
+            assert!(
+                names.iter().any(|n| n == wanted),
+                "{wanted} missing: {names:?}"
+            );
+        }
+        let dumped: ContainerConfigDump =
+            serde_json::from_slice(&read_member(&location, CONFIG_DUMP)).unwrap();
+        assert_eq!(dumped, config);
+        let text = String::from_utf8(read_member(&location, CONFIG_DUMP)).unwrap();
+        assert!(text.contains("\"rootfsImageRef\":\"sha256:1\""), "{text}");
+        assert!(
+            text.contains("\"restoredTime\":\"0001-01-01T00:00:00Z\""),
+            "{text}"
+        );
+        let deleted: Vec<String> =
+            serde_json::from_slice(&read_member(&location, DELETED_FILES)).unwrap();
+        assert_eq!(deleted, vec!["/etc/old.conf".to_string()]);
+
+        std::fs::write(
+            dir.path().join("diff.tar"),
+            read_member(&location, ROOTFS_DIFF),
+        )
+        .unwrap();
+        let diff = entries(&dir.path().join("diff.tar"));
+        assert!(diff.contains(&"etc/new.conf".to_string()), "{diff:?}");
+        assert!(diff.contains(&"link".to_string()), "{diff:?}");
+        assert!(!diff.iter().any(|n| n.contains("old.conf")), "{diff:?}");
+        // Only the archive is left in its directory.
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+
+        let relative = write_archive(Path::new("relative.tar"), &parts);
+        assert!(matches!(relative, Err(CheckpointError::Invalid(_))));
+        let missing_dir = write_archive(&dir.path().join("nope/x.tar"), &parts);
+        assert!(matches!(missing_dir, Err(CheckpointError::Io { .. })));
+    }
+
+    #[test]
+    fn the_first_error_line_is_the_reason() {
+        let out = "Warn: x\nError (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds\n\
+                   Error (criu/kerndat.c:1615): kerndat failed\n";
+        assert_eq!(
+            criu_check_reason(out, std::process::ExitStatus::from_raw(256)),
+            "`criu check` failed: Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds"
+        );
+        assert!(criu_check_reason("", std::process::ExitStatus::from_raw(256)).contains("exit"));
+    }
+}

@@ -1,0 +1,197 @@
+//! CheckpointContainer against the real containerd, runc and CRIU. Where CRIU works (`criu
+//! check`), a running container is checkpointed into an archive with every part
+//! checkpointctl reads and keeps running; where it cannot (this VM's kernel: bookworm's CRIU
+//! 3.17 fails on its vDSO), the RPC is FAILED_PRECONDITION with CRIU's reason, and crius
+//! says so at start-up. Bad requests are refused either way.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Crius;
+use common::pod::{container, pod};
+use crius::api::v1::CheckpointContainerRequest;
+
+fn criu_works() -> bool {
+    std::process::Command::new("criu")
+        .arg("check")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn request(id: &str, location: &str) -> CheckpointContainerRequest {
+    CheckpointContainerRequest {
+        container_id: id.to_string(),
+        location: location.to_string(),
+        timeout: 60,
+    }
+}
+
+/// The member names of a tar file.
+fn members(archive: &std::path::Path) -> Vec<String> {
+    let file = std::fs::File::open(archive).expect("archive");
+    tar::Archive::new(file)
+        .entries()
+        .expect("entries")
+        .map(|e| {
+            e.expect("entry")
+                .path()
+                .expect("path")
+                .display()
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_running_container_is_checkpointed_or_refused_for_want_of_criu() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "checkpoint").await;
+    let counter = container(
+        "counter",
+        "busybox:latest",
+        &[
+            "sh",
+            "-c",
+            "i=0; while true; do echo $i; i=$((i+1)); sleep 0.2; done",
+        ],
+    );
+    let id = pod.run(counter).await;
+    let out = tempfile::tempdir().expect("tempdir");
+    let location = out.path().join("checkpoint.tar");
+    let result = pod
+        .client
+        .runtime
+        .checkpoint_container(request(&id, &location.display().to_string()))
+        .await;
+    if criu_works() {
+        result.expect("checkpoint");
+        let names = members(&location);
+        for part in [
+            "config.dump",
+            "spec.dump",
+            "status.dump",
+            "rootfs-diff.tar",
+            "deleted.files",
+            "container.log",
+        ] {
+            assert!(names.iter().any(|n| n == part), "{part}: {names:?}");
+        }
+        assert!(
+            names.iter().any(|n| n.starts_with("checkpoint/")),
+            "{names:?}"
+        );
+    } else {
+        let err = result.expect_err("CRIU does not work here");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+        assert!(err.message().contains("criu check"), "{}", err.message());
+        assert!(!location.exists());
+        assert!(
+            crius
+                .log()
+                .contains("containers cannot be checkpointed on this host"),
+            "no start-up notice"
+        );
+    }
+    // Either way the container keeps running, and counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(
+        status.state,
+        crius::api::v1::ContainerState::ContainerRunning as i32
+    );
+    let (out, _, _) = pod.exec(&id, &["true"], 10).await.expect("exec");
+    assert_eq!(out, "");
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn bad_checkpoint_requests_are_refused() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "checkpoint-bad").await;
+    let id = pod
+        .run(container("c", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let cases = [
+        (request(&id, ""), tonic::Code::InvalidArgument),
+        (request(&id, "relative.tar"), tonic::Code::InvalidArgument),
+        (
+            request("no-such-container", "/tmp/x.tar"),
+            tonic::Code::NotFound,
+        ),
+    ];
+    for (req, code) in cases {
+        let err = pod
+            .client
+            .runtime
+            .checkpoint_container(req.clone())
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), code, "{req:?}: {err:?}");
+    }
+    if criu_works() {
+        pod.stop(&id, 0).await;
+        let err = pod
+            .client
+            .runtime
+            .checkpoint_container(request(&id, "/tmp/crius-stopped.tar"))
+            .await
+            .expect_err("not running");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    }
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn a_dump_that_fails_leaves_the_container_running() {
+    // crius's own check passes (a `criu` that only says yes comes first on its PATH); the
+    // runtime under containerd runs the real one, which fails here at dump time.
+    let fake = tempfile::tempdir().expect("tempdir");
+    let criu = fake.path().join("criu");
+    std::fs::write(&criu, "#!/bin/sh\nexit 0\n").expect("fake criu");
+    std::fs::set_permissions(&criu, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        fake.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let crius = Crius::start_with(|_| {}, &[("PATH", path.as_str())]).await;
+    let mut pod = pod(&crius, "checkpoint-fails").await;
+    let id = pod
+        .run(container("c", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let out = tempfile::tempdir().expect("tempdir");
+    let location = out.path().join("checkpoint.tar");
+    let result = pod
+        .client
+        .runtime
+        .checkpoint_container(request(&id, &location.display().to_string()))
+        .await;
+    match result {
+        Ok(_) => assert!(members(&location).iter().any(|n| n == "config.dump")),
+        Err(err) => {
+            assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+            assert!(err.message().contains("CRIU's first error"), "{}", err.message());
+            assert!(!location.exists());
+            assert_eq!(std::fs::read_dir(out.path()).expect("dir").count(), 0);
+        }
+    }
+    // Resumed, not left paused: it still answers.
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(
+        status.state,
+        crius::api::v1::ContainerState::ContainerRunning as i32
+    );
+    let (out, _, code) = pod.exec(&id, &["echo", "alive"], 10).await.expect("exec");
+    assert_eq!((out.as_str(), code), ("alive\n", 0));
+    let staging: Vec<_> = std::fs::read_dir(crius.config.root.join("containers").join(&id))
+        .expect("container dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("checkpoint-"))
+        .collect();
+    assert!(staging.is_empty(), "staging left: {staging:?}");
+    pod.remove_pod().await;
+}
