@@ -227,6 +227,8 @@ fn append_bytes<W: Write>(
     let mut header = tar::Header::new_gnu();
     header.set_size(data.len() as u64);
     header.set_mode(0o600);
+    header.set_uid(0);
+    header.set_gid(0);
     header.set_mtime(
         SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -313,6 +315,248 @@ fn is_opaque(dir: &Path) -> bool {
     len == 1 && value[0] == b'y'
 }
 
+/// The most bytes read of one metadata member (`config.dump`, `deleted.files`).
+const MAX_METADATA_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The restore side: whether `path` is a checkpoint archive, and its `config.dump`.
+pub fn read_config_dump(archive: &Path) -> Result<ContainerConfigDump, CheckpointError> {
+    let data = read_member(archive, CONFIG_DUMP)?.ok_or_else(|| {
+        CheckpointError::Invalid(format!("{} has no {CONFIG_DUMP}", archive.display()))
+    })?;
+    serde_json::from_slice(&data).map_err(|e| {
+        CheckpointError::Invalid(format!("{CONFIG_DUMP} of {}: {e}", archive.display()))
+    })
+}
+
+/// One member of the archive, up to [`MAX_METADATA_BYTES`]; `None` when absent.
+fn read_member(archive: &Path, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
+    let file = File::open(archive).map_err(io(format!("open {}", archive.display())))?;
+    let mut tar = tar::Archive::new(std::io::BufReader::new(file));
+    let entries = tar
+        .entries()
+        .map_err(io(format!("read {}", archive.display())))?;
+    for entry in entries {
+        let entry = entry.map_err(io(format!("read {}", archive.display())))?;
+        let is_it = entry.path().map_err(io("an archive member's name"))? == Path::new(name);
+        if is_it {
+            if entry.size() > MAX_METADATA_BYTES {
+                return Err(CheckpointError::Invalid(format!(
+                    "{name} is {} bytes, more than {MAX_METADATA_BYTES}",
+                    entry.size()
+                )));
+            }
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(entry, MAX_METADATA_BYTES),
+                &mut data,
+            )
+            .map_err(io(format!("read {name}")))?;
+            return Ok(Some(data));
+        }
+    }
+    Ok(None)
+}
+
+/// What a restore takes from the archive, unpacked.
+#[derive(Debug)]
+pub struct Unpacked {
+    /// CRIU's images.
+    pub images: PathBuf,
+    /// The writable layer's changes, if the archive has them.
+    pub rootfs_diff: Option<PathBuf>,
+    /// What the writable layer removed.
+    pub deleted: Vec<String>,
+}
+
+/// Unpacks the CRIU images (regular files and directories only), the rootfs diff and the
+/// deleted files of an archive into `dest`; nothing lands outside it.
+pub fn unpack_for_restore(archive: &Path, dest: &Path) -> Result<Unpacked, CheckpointError> {
+    std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
+    let file = File::open(archive).map_err(io(format!("open {}", archive.display())))?;
+    let mut tar = tar::Archive::new(std::io::BufReader::new(file));
+    tar.set_unpack_xattrs(false);
+    let entries = tar
+        .entries()
+        .map_err(io(format!("read {}", archive.display())))?;
+    for entry in entries {
+        let mut entry = entry.map_err(io(format!("read {}", archive.display())))?;
+        let path = entry
+            .path()
+            .map_err(io("an archive member's name"))?
+            .into_owned();
+        let kind = entry.header().entry_type();
+        let wanted = match path.components().next() {
+            Some(std::path::Component::Normal(first)) if first == CHECKPOINT_DIR => {
+                kind.is_file() || kind.is_dir()
+            }
+            _ => path == Path::new(ROOTFS_DIFF) || path == Path::new(DELETED_FILES),
+        };
+        if wanted {
+            entry
+                .unpack_in(dest)
+                .map_err(io(format!("unpack {}", path.display())))?;
+        }
+    }
+    let images = dest.join(CHECKPOINT_DIR);
+    if !images.is_dir() {
+        return Err(CheckpointError::Invalid(format!(
+            "{} has no CRIU images ({CHECKPOINT_DIR}/)",
+            archive.display()
+        )));
+    }
+    let deleted = match std::fs::read(dest.join(DELETED_FILES)) {
+        Ok(data) if data.len() as u64 <= MAX_METADATA_BYTES => serde_json::from_slice(&data)
+            .map_err(|e| CheckpointError::Invalid(format!("{DELETED_FILES}: {e}")))?,
+        Ok(_) => {
+            return Err(CheckpointError::Invalid(format!(
+                "{DELETED_FILES} is more than {MAX_METADATA_BYTES} bytes"
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io(DELETED_FILES)(e)),
+    };
+    let diff = dest.join(ROOTFS_DIFF);
+    Ok(Unpacked {
+        images,
+        rootfs_diff: diff.is_file().then_some(diff),
+        deleted,
+    })
+}
+
+/// Replays a checkpoint's writable-layer changes on a fresh container's writable layer
+/// (an overlay upper dir, before anything mounts it): the diff's directories, files,
+/// symlinks and FIFOs (owners and modes kept, no xattrs, nothing outside `upper`), then a
+/// whiteout for each removed path, or, where the diff recreated a directory, the opaque
+/// mark that hides what the image had there.
+pub fn apply_rootfs_diff(
+    diff: Option<&Path>,
+    deleted: &[String],
+    upper: &Path,
+) -> Result<(), CheckpointError> {
+    if let Some(diff) = diff {
+        let file = File::open(diff).map_err(io(format!("open {}", diff.display())))?;
+        let mut tar = tar::Archive::new(std::io::BufReader::new(file));
+        tar.set_unpack_xattrs(false);
+        tar.set_preserve_permissions(true);
+        tar.set_preserve_ownerships(true);
+        for entry in tar.entries().map_err(io("read the rootfs diff"))? {
+            let mut entry = entry.map_err(io("read the rootfs diff"))?;
+            let kind = entry.header().entry_type();
+            if kind.is_file() || kind.is_dir() || kind.is_symlink() || kind.is_fifo() {
+                entry
+                    .unpack_in(upper)
+                    .map_err(io("unpack the rootfs diff"))?;
+            }
+        }
+    }
+    for path in deleted {
+        mark_removed(upper, path)?;
+    }
+    Ok(())
+}
+
+/// A whiteout for `path` (a path inside the container) in the upper dir, or the opaque
+/// mark on a directory the diff recreated. A path through a symlink or `..` is refused.
+fn mark_removed(upper: &Path, path: &str) -> Result<(), CheckpointError> {
+    let relative = Path::new(path.trim_start_matches('/'));
+    let mut at = upper.to_path_buf();
+    let mut components = relative.components().peekable();
+    while let Some(component) = components.next() {
+        let std::path::Component::Normal(name) = component else {
+            return Err(CheckpointError::Invalid(format!(
+                "removed path {path:?} is not clean"
+            )));
+        };
+        at.push(name);
+        let last = components.peek().is_none();
+        match std::fs::symlink_metadata(&at) {
+            Ok(meta) if last && meta.is_dir() => return set_opaque(&at),
+            Ok(_) if last => return Ok(()),
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(CheckpointError::Invalid(format!(
+                    "removed path {path:?} runs through a non-directory"
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && last => {
+                return nix::sys::stat::mknod(
+                    &at,
+                    nix::sys::stat::SFlag::S_IFCHR,
+                    nix::sys::stat::Mode::empty(),
+                    0,
+                )
+                .map_err(|e| io(format!("whiteout {path}"))(e.into()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&at).map_err(io(format!("create {}", at.display())))?;
+            }
+            Err(e) => return Err(io(format!("stat {}", at.display()))(e)),
+        }
+    }
+    Ok(())
+}
+
+fn set_opaque(dir: &Path) -> Result<(), CheckpointError> {
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| CheckpointError::Invalid(format!("{} has a NUL", dir.display())))?;
+    // SAFETY: NUL-terminated strings and a one-byte value, all live across the call.
+    let rc = unsafe {
+        libc::lsetxattr(
+            path.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            b"y".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io(format!("mark {} opaque", dir.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Tars a directory (the CRIU images) into `out` and returns the tar's sha256 digest
+/// (`sha256:<hex>`) and size, for containerd's content store.
+pub fn tar_with_digest(dir: &Path, out: &Path) -> Result<(String, u64), CheckpointError> {
+    use sha2::Digest;
+    struct Hashing<W> {
+        inner: W,
+        hasher: sha2::Sha256,
+        size: u64,
+    }
+    impl<W: Write> Write for Hashing<W> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = self.inner.write(buf)?;
+            self.hasher.update(&buf[..n]);
+            self.size += n as u64;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.inner.flush()
+        }
+    }
+    let file = File::create(out).map_err(io(format!("create {}", out.display())))?;
+    let mut tar = tar::Builder::new(Hashing {
+        inner: std::io::BufWriter::new(file),
+        hasher: sha2::Sha256::new(),
+        size: 0,
+    });
+    tar.follow_symlinks(false);
+    tar.append_dir_all(".", dir)
+        .map_err(io("tar the CRIU images"))?;
+    let mut hashing = tar.into_inner().map_err(io("finish the CRIU images"))?;
+    hashing.flush().map_err(io("flush the CRIU images"))?;
+    let digest = hashing
+        .hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    Ok((format!("sha256:{digest}"), hashing.size))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,7 +570,7 @@ mod tests {
             .collect()
     }
 
-    fn read_member(archive: &Path, name: &str) -> Vec<u8> {
+    fn member(archive: &Path, name: &str) -> Vec<u8> {
         let mut tar = tar::Archive::new(File::open(archive).unwrap());
         for entry in tar.entries().unwrap() {
             let mut entry = entry.unwrap();
@@ -408,29 +652,51 @@ mod tests {
             );
         }
         let dumped: ContainerConfigDump =
-            serde_json::from_slice(&read_member(&location, CONFIG_DUMP)).unwrap();
+            serde_json::from_slice(&member(&location, CONFIG_DUMP)).unwrap();
         assert_eq!(dumped, config);
-        let text = String::from_utf8(read_member(&location, CONFIG_DUMP)).unwrap();
+        let text = String::from_utf8(member(&location, CONFIG_DUMP)).unwrap();
         assert!(text.contains("\"rootfsImageRef\":\"sha256:1\""), "{text}");
         assert!(
             text.contains("\"restoredTime\":\"0001-01-01T00:00:00Z\""),
             "{text}"
         );
         let deleted: Vec<String> =
-            serde_json::from_slice(&read_member(&location, DELETED_FILES)).unwrap();
+            serde_json::from_slice(&member(&location, DELETED_FILES)).unwrap();
         assert_eq!(deleted, vec!["/etc/old.conf".to_string()]);
 
-        std::fs::write(
-            dir.path().join("diff.tar"),
-            read_member(&location, ROOTFS_DIFF),
-        )
-        .unwrap();
+        std::fs::write(dir.path().join("diff.tar"), member(&location, ROOTFS_DIFF)).unwrap();
         let diff = entries(&dir.path().join("diff.tar"));
         assert!(diff.contains(&"etc/new.conf".to_string()), "{diff:?}");
         assert!(diff.contains(&"link".to_string()), "{diff:?}");
         assert!(!diff.iter().any(|n| n.contains("old.conf")), "{diff:?}");
         // Only the archive is left in its directory.
         assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+
+        // The restore side reads it back.
+        assert_eq!(read_config_dump(&location).unwrap(), config);
+        let dest = dir.path().join("restore");
+        let unpacked = unpack_for_restore(&location, &dest).unwrap();
+        assert!(unpacked.images.join("pages-1.img").is_file());
+        assert_eq!(unpacked.deleted, vec!["/etc/old.conf".to_string()]);
+        let fresh = dir.path().join("fresh-upper");
+        std::fs::create_dir(&fresh).unwrap();
+        apply_rootfs_diff(unpacked.rootfs_diff.as_deref(), &unpacked.deleted, &fresh).unwrap();
+        assert_eq!(std::fs::read(fresh.join("etc/new.conf")).unwrap(), b"new");
+        let whiteout = std::fs::symlink_metadata(fresh.join("etc/old.conf")).unwrap();
+        assert!(whiteout.file_type().is_char_device() && whiteout.rdev() == 0);
+        assert_eq!(
+            std::fs::read_link(fresh.join("link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        let (digest, size) = tar_with_digest(&unpacked.images, &dir.path().join("i.tar")).unwrap();
+        assert!(
+            digest.starts_with("sha256:") && digest.len() == 71,
+            "{digest}"
+        );
+        assert_eq!(
+            size,
+            std::fs::metadata(dir.path().join("i.tar")).unwrap().len()
+        );
 
         let relative = write_archive(Path::new("relative.tar"), &parts);
         assert!(matches!(relative, Err(CheckpointError::Invalid(_))));
@@ -447,5 +713,46 @@ mod tests {
             "`criu check` failed: Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds"
         );
         assert!(criu_check_reason("", std::process::ExitStatus::from_raw(256)).contains("exit"));
+    }
+}
+
+#[cfg(test)]
+mod hostile_tests {
+    use super::*;
+
+    #[test]
+    fn removed_paths_cannot_leave_the_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = dir.path().join("upper");
+        std::fs::create_dir(&upper).unwrap();
+        std::os::unix::fs::symlink(dir.path(), upper.join("escape")).unwrap();
+        for bad in ["/../outside", "/escape/victim", "/a/../../b"] {
+            assert!(mark_removed(&upper, bad).is_err(), "{bad}");
+        }
+        assert!(!dir.path().join("victim").exists());
+        assert!(!dir.path().join("outside").exists());
+        mark_removed(&upper, "/deep/er/gone").unwrap();
+        assert!(upper.join("deep/er").is_dir());
+    }
+
+    #[test]
+    fn an_archive_member_outside_the_restore_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("evil.tar");
+        let mut tar = tar::Builder::new(File::create(&archive).unwrap());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(1);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        // Written raw: the builder itself refuses such names.
+        header.as_old_mut().name[..20].copy_from_slice(b"checkpoint/../../x\0\0");
+        header.set_cksum();
+        tar.append(&header, &b"x"[..]).unwrap();
+        tar.finish().unwrap();
+        drop(tar);
+        let dest = dir.path().join("restore");
+        std::fs::create_dir(&dest).unwrap();
+        let _ = unpack_for_restore(&archive, &dest);
+        assert!(!dir.path().join("x").exists());
     }
 }

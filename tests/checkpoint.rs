@@ -174,7 +174,11 @@ async fn a_dump_that_fails_leaves_the_container_running() {
         Ok(_) => assert!(members(&location).iter().any(|n| n == "config.dump")),
         Err(err) => {
             assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
-            assert!(err.message().contains("CRIU's first error"), "{}", err.message());
+            assert!(
+                err.message().contains("CRIU's first error"),
+                "{}",
+                err.message()
+            );
             assert!(!location.exists());
             assert_eq!(std::fs::read_dir(out.path()).expect("dir").count(), 0);
         }
@@ -193,5 +197,127 @@ async fn a_dump_that_fails_leaves_the_container_running() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("checkpoint-"))
         .collect();
     assert!(staging.is_empty(), "staging left: {staging:?}");
+    pod.remove_pod().await;
+}
+
+/// A checkpoint archive as crius writes one, of a busybox container that wrote
+/// /restored/marker and removed /bin/ls; its CRIU images are made up.
+fn fake_archive(dir: &std::path::Path, image: &str) -> std::path::PathBuf {
+    let append = |tar: &mut tar::Builder<std::fs::File>, name: &str, data: &[u8]| {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_cksum();
+        tar.append_data(&mut header, name, data).expect("append");
+    };
+    let diff_path = dir.join("diff.tar");
+    let mut diff = tar::Builder::new(std::fs::File::create(&diff_path).expect("diff"));
+    append(&mut diff, "restored/marker", b"from the checkpoint\n");
+    diff.finish().expect("diff");
+    drop(diff);
+    let config = serde_json::json!({
+        "id": "0123", "name": "counter", "rootfsImage": image, "rootfsImageRef": "",
+        "rootfsImageName": image, "runtime": "io.containerd.crius.v2",
+        "createdTime": "2026-12-02T10:00:00Z", "checkpointedTime": "2026-12-02T10:01:00Z",
+        "restoredTime": "0001-01-01T00:00:00Z", "restored": false,
+    });
+    let archive = dir.join("checkpoint.tar");
+    let mut tar = tar::Builder::new(std::fs::File::create(&archive).expect("archive"));
+    append(&mut tar, "checkpoint/inventory.img", b"not really CRIU's");
+    append(&mut tar, "config.dump", config.to_string().as_bytes());
+    append(&mut tar, "spec.dump", b"{}");
+    append(&mut tar, "deleted.files", br#"["/bin/ls"]"#);
+    let diff = std::fs::read(&diff_path).expect("diff");
+    append(&mut tar, "rootfs-diff.tar", &diff);
+    tar.finish().expect("archive");
+    archive
+}
+
+#[tokio::test]
+async fn a_container_is_restored_from_an_archive_onto_its_base_image() {
+    let fake = tempfile::tempdir().expect("tempdir");
+    let criu = fake.path().join("criu");
+    std::fs::write(&criu, "#!/bin/sh\nexit 0\n").expect("fake criu");
+    std::fs::set_permissions(&criu, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        fake.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let crius = Crius::start_with(|_| {}, &[("PATH", path.as_str())]).await;
+    let mut pod = pod(&crius, "restore").await;
+    let image = common::pod::image("busybox:latest");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = fake_archive(dir.path(), &image);
+    let archive_text = archive.display().to_string();
+
+    let mut config = container("restored", "busybox:latest", &[]);
+    config.image.as_mut().expect("image").image = archive_text.clone();
+    let id = pod.create(config).await.expect("create from the archive");
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(
+        status.image.as_ref().map(|i| i.image.as_str()),
+        Some(image.as_str())
+    );
+    assert_eq!(
+        status.annotations.get("restored").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        status.annotations.get("checkpointImage"),
+        Some(&archive_text)
+    );
+
+    // Start replays the layer's changes and has the shim run `runc restore` on the images
+    // containerd unpacked. These are made up, so runc refuses them.
+    let err = pod.start(&id).await.expect_err("made-up CRIU images");
+    assert!(err.message().contains("runc restore"), "{}", err.message());
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(status.reason, "StartError");
+    let mounts = crius.ctr(&["snapshots", "mounts", "/mnt", &id]);
+    let upper = mounts
+        .split(['=', ',', ' '])
+        .skip_while(|w| *w != "upperdir")
+        .nth(1)
+        .expect("upperdir")
+        .to_string();
+    let upper = std::path::Path::new(&upper);
+    assert_eq!(
+        std::fs::read_to_string(upper.join("restored/marker")).expect("marker"),
+        "from the checkpoint\n"
+    );
+    let whiteout = std::fs::symlink_metadata(upper.join("bin/ls")).expect("whiteout");
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &whiteout.file_type()
+    ));
+    assert!(!crius.ctr(&["leases", "ls"]).contains("crius-restore-"));
+    assert!(
+        !crius
+            .config
+            .root
+            .join("containers")
+            .join(&id)
+            .join("restore")
+            .exists()
+    );
+    pod.remove_pod().await;
+}
+
+#[tokio::test]
+async fn an_archive_is_refused_where_criu_cannot_work() {
+    if criu_works() {
+        return;
+    }
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "restore-refused").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = fake_archive(dir.path(), &common::pod::image("busybox:latest"));
+    let mut config = container("restored", "busybox:latest", &[]);
+    config.image.as_mut().expect("image").image = archive.display().to_string();
+    let err = pod.create(config).await.expect_err("no CRIU");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     pod.remove_pod().await;
 }

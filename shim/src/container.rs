@@ -28,9 +28,20 @@ pub struct Container {
     pub ops: tokio::sync::Mutex<()>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     oom_watch: Mutex<Option<JoinHandle<()>>>,
+    /// Its init was restored from a checkpoint: it runs already, start only reports it.
+    restored: std::sync::atomic::AtomicBool,
 }
 
 impl Container {
+    pub fn mark_restored(&self) {
+        self.restored
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_restored(&self) -> bool {
+        self.restored.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn new(
         id: &str,
         bundle: &Path,
@@ -51,6 +62,7 @@ impl Container {
             ops: tokio::sync::Mutex::new(()),
             execs: Mutex::new(HashMap::new()),
             oom_watch: Mutex::new(None),
+            restored: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -26,6 +26,9 @@ pub struct CreateRequest {
     pub rootfs: Vec<Mount>,
     pub stdio: StdioPaths,
     pub runc: RuncOptions,
+    /// CRIU's images to restore the init from (containerd unpacked them); `None`: a new
+    /// init. A restored init runs from create on, and start only reports it.
+    pub checkpoint: Option<PathBuf>,
 }
 
 impl Shim {
@@ -36,6 +39,7 @@ impl Shim {
             rootfs,
             stdio,
             runc,
+            checkpoint,
         } = request;
         if id.is_empty() {
             return Err(ShimError::InvalidArgument("container id is empty".into()));
@@ -48,7 +52,10 @@ impl Shim {
 
         // Exits of the new init are kept from here until its pid is registered.
         let starting = self.begin_starting();
-        let (pid, io) = match self.run_create(&id, &bundle, &runc, &stdio).await {
+        let launched = self
+            .run_create(&id, &bundle, &runc, &stdio, checkpoint.as_deref())
+            .await;
+        let (pid, io) = match launched {
             Ok(created) => created,
             Err(e) => {
                 if let Some(rootfs) = rootfs {
@@ -71,6 +78,9 @@ impl Shim {
             own_pid_namespace,
             cgroup,
         ));
+        if checkpoint.is_some() {
+            container.mark_restored();
+        }
         self.add_container(container.clone());
         self.watch_oom(&container, pid);
         self.events.publish(
@@ -88,26 +98,42 @@ impl Shim {
         Ok(pid)
     }
 
-    /// runc create, with the stdio the process gets; a container whose create did not
-    /// finish is deleted again.
+    /// runc create (or restore, from `checkpoint`), with the stdio the process gets; a
+    /// container whose create did not finish is deleted again.
     async fn run_create(
         &self,
         id: &str,
         bundle: &Path,
         runc: &Runc,
         stdio: &StdioPaths,
+        checkpoint: Option<&Path>,
     ) -> Result<(i32, ProcessIo), ShimError> {
         let pid_file = bundle.join("init.pid");
         let (process_stdio, io, console) = prepare_stdio(stdio)?;
-        runc.create(
-            &self.reaper,
-            id,
-            bundle,
-            &pid_file,
-            console.as_ref().map(|c| c.path()).as_deref(),
-            process_stdio,
-        )
-        .await?;
+        let console_path = console.as_ref().map(|c| c.path());
+        match checkpoint {
+            Some(images) => {
+                let launch = crate::runc::InitLaunch {
+                    id,
+                    bundle,
+                    pid_file: &pid_file,
+                    console_socket: console_path.as_deref(),
+                };
+                runc.restore(&self.reaper, &launch, images, process_stdio)
+                    .await?
+            }
+            None => {
+                runc.create(
+                    &self.reaper,
+                    id,
+                    bundle,
+                    &pid_file,
+                    console_path.as_deref(),
+                    process_stdio,
+                )
+                .await?
+            }
+        }
         let finished = async {
             let pid = read_pid_file(&pid_file)
                 .map_err(|e| ShimError::io(format!("read {}", pid_file.display()), e))?;

@@ -43,7 +43,9 @@ impl Shim {
     async fn start_init(&self, container: &Container) -> Result<i32, ShimError> {
         let _ops = container.ops.lock().await;
         let init = &container.init;
-        container.runc.start(&self.reaper, &container.id).await?;
+        if !container.is_restored() {
+            container.runc.start(&self.reaper, &container.id).await?;
+        }
         init.set_status(Status::RUNNING);
         let pid = init.pid();
         self.events.publish(

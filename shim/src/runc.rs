@@ -72,6 +72,14 @@ pub struct ProcessStdio {
     pub stderr: Option<OwnedFd>,
 }
 
+/// Where a container's init is launched from: its id, bundle, pid file and console socket.
+pub struct InitLaunch<'a> {
+    pub id: &'a str,
+    pub bundle: &'a Path,
+    pub pid_file: &'a Path,
+    pub console_socket: Option<&'a Path>,
+}
+
 /// Checkpoint flags, from containerd's runc checkpoint options.
 #[derive(Debug, Default)]
 pub struct CheckpointFlags {
@@ -124,6 +132,34 @@ impl Runc {
         }
         command.arg(id);
         self.run_with_stdio(reaper, "create", command, stdio).await
+    }
+
+    /// `runc restore --detach`: the init process comes back from CRIU's images in
+    /// `checkpoint` (already running when this returns), as `runc create` would start it.
+    pub async fn restore(
+        &self,
+        reaper: &Reaper,
+        launch: &InitLaunch<'_>,
+        checkpoint: &Path,
+        stdio: ProcessStdio,
+    ) -> Result<(), RuncError> {
+        let mut command = self.command(&["restore", "--detach", "--no-subreaper", "--bundle"]);
+        command
+            .arg(launch.bundle)
+            .arg("--pid-file")
+            .arg(launch.pid_file)
+            .arg("--image-path")
+            .arg(checkpoint)
+            .arg("--work-path")
+            .arg(launch.bundle);
+        if let Some(socket) = launch.console_socket {
+            command.arg("--console-socket").arg(socket);
+        }
+        if self.no_pivot_root {
+            command.arg("--no-pivot");
+        }
+        command.arg(launch.id);
+        self.run_with_stdio(reaper, "restore", command, stdio).await
     }
 
     pub async fn exec(

@@ -96,11 +96,6 @@ impl Task for TaskService {
 
     async fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> Answer<CreateTaskResponse> {
         logged("Create", &req.id, async {
-            if !req.checkpoint.is_empty() {
-                return Err(ShimError::Unimplemented(
-                    "restoring a task from a checkpoint".into(),
-                ));
-            }
             let options: Option<Options> =
                 decode_any(req.options.as_ref(), "containerd.runc.v1.Options")?;
             let runc = options
@@ -125,6 +120,7 @@ impl Task for TaskService {
                         terminal: req.terminal,
                     },
                     runc,
+                    checkpoint: (!req.checkpoint.is_empty()).then(|| req.checkpoint.clone().into()),
                 })
                 .await?;
             Ok(CreateTaskResponse {

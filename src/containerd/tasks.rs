@@ -160,6 +160,20 @@ impl Containerd {
         stdio: [&str; 3],
         terminal: bool,
     ) -> Result<u32, ContainerdError> {
+        self.create_task_from(id, rootfs, stdio, terminal, None)
+            .await
+    }
+
+    /// As [`Self::create_task`], restoring the process from `checkpoint` (CRIU's images in
+    /// the content store) when given.
+    pub async fn create_task_from(
+        &self,
+        id: &str,
+        rootfs: Vec<Mount>,
+        stdio: [&str; 3],
+        terminal: bool,
+        checkpoint: Option<containerd_client::types::Descriptor>,
+    ) -> Result<u32, ContainerdError> {
         let resp = self
             .tasks()
             .create(CreateTaskRequest {
@@ -169,6 +183,7 @@ impl Containerd {
                 stdout: stdio[1].to_string(),
                 stderr: stdio[2].to_string(),
                 terminal,
+                checkpoint,
                 ..Default::default()
             })
             .await

@@ -183,7 +183,7 @@ impl CriService {
     }
 
     /// The container's writable layer (its overlay upper dir), if the snapshotter has one.
-    async fn writable_layer(&self, id: &str) -> Option<PathBuf> {
+    pub(crate) async fn writable_layer(&self, id: &str) -> Option<PathBuf> {
         let mounts = self
             .containerd
             .snapshot_mounts(&self.config.containerd.snapshotter, id)

@@ -96,6 +96,7 @@ impl CriService {
             .map(|i| i.image.clone())
             .filter(|i| !i.is_empty())
             .ok_or_else(|| Status::invalid_argument("container config must name an image"))?;
+        let (image_text, restore_from) = self.restore_source(&mut config, &image_text).await?;
         super::validate::container_config(&config)?;
         super::validate::unified_resources(
             config.linux.as_ref().and_then(|l| l.resources.as_ref()),
@@ -330,6 +331,10 @@ impl CriService {
                     stop_signal: effective_stop_signal(&config, &image.config.config.stop_signal),
                     user: Some(status_user(&user)),
                     created_at: unix_nanos(SystemTime::now()),
+                    restore_from: restore_from
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
                     cgroups_path: spec
                         .linux()
                         .as_ref()

@@ -115,10 +115,24 @@ impl CriService {
         };
         let stdio = container.io.fifos().paths();
         let tty = container.metadata.config.tty;
-        self.containerd
-            .create_task(id, mounts, [&stdio[0], &stdio[1], &stdio[2]], tty)
-            .await
-            .map_err(|e| e.to_string())?;
+        let restore = match container.metadata.restore_from.as_str() {
+            "" => None,
+            archive => Some(self.prepare_restore(container, Path::new(archive)).await?),
+        };
+        let created = self
+            .containerd
+            .create_task_from(
+                id,
+                mounts,
+                [&stdio[0], &stdio[1], &stdio[2]],
+                tty,
+                restore.as_ref().map(|(checkpoint, _)| checkpoint.clone()),
+            )
+            .await;
+        if let Some((_, lease)) = &restore {
+            self.finish_restore(id, lease).await;
+        }
+        created.map_err(|e| e.to_string())?;
         container.io.task_created();
         self.containerd
             .start_task(id, "")

@@ -14,6 +14,7 @@ pub use container_events::EVENT_BUFFER as CONTAINER_EVENT_BUFFER;
 mod container_execsync;
 mod container_log;
 mod container_remove;
+mod container_restore;
 pub(crate) mod container_rootfs;
 mod container_start;
 mod container_status;

@@ -38,6 +38,9 @@ pub struct ContainerMetadata {
     /// The cgroup path in its runtime spec, where its usage is read.
     #[serde(default)]
     pub cgroups_path: String,
+    /// The checkpoint archive it is restored from at start; empty for an ordinary one.
+    #[serde(default)]
+    pub restore_from: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,6 +285,7 @@ mod tests {
                 user: None,
                 created_at: 1,
                 cgroups_path: String::new(),
+                restore_from: String::new(),
             },
             ContainerStatus::created(1),
             path.clone(),
