@@ -126,6 +126,7 @@ pub struct Config {
     pub registry: RegistryConfig,
     pub stream: StreamConfig,
     pub cdi: CdiConfig,
+    pub userns: UsernsConfig,
     pub log: LogConfig,
 }
 
@@ -155,6 +156,7 @@ impl Default for Config {
             registry: RegistryConfig::default(),
             stream: StreamConfig::default(),
             cdi: CdiConfig::default(),
+            userns: UsernsConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -433,6 +435,28 @@ impl Default for StreamConfig {
     }
 }
 
+/// Pods in their own user namespace (`hostUsers: false`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UsernsConfig {
+    pub rootfs: UsernsRootfs,
+}
+
+/// How such a pod's rootfs is given to the pod's IDs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UsernsRootfs {
+    /// Idmapped layers where the host can idmap mounts, else the chowned copy.
+    #[default]
+    Auto,
+    /// Idmapped layers only: no such pods on a host that cannot idmap.
+    Idmap,
+    /// A copy of the image with every owner shifted into the pod's range, shared by the
+    /// pods of one range (containerd 1.7's remapped snapshot): any kernel, but a copy per
+    /// image and range.
+    Copy,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -704,6 +728,13 @@ tls = false
 # devices a container names in CDI_devices or cdi.k8s.io/* annotations. A device in a later
 # directory replaces one of the same name in an earlier one. Empty: CDI devices are refused.
 spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+
+[userns]
+# How the rootfs of a pod in its own user namespace (hostUsers: false) is given to the pod's
+# IDs: "idmap" (idmapped image layers; Linux 5.19+), "copy" (a copy of the image with its
+# owners shifted into the pod's range, shared by pods of that range), or "auto" (idmap
+# where the host can, else copy).
+rootfs = "auto"
 
 [log]
 # error | warn | info | debug | trace, or a filter such as "crius=debug,info".

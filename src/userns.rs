@@ -276,6 +276,24 @@ fn child_main(flags: libc::c_int, ready: i32, release: i32, parent_ends: [i32; 2
     }
 }
 
+/// Whether this process can make a user namespace with mappings (blocking).
+pub fn probe() -> Result<(), String> {
+    let range = IdRange {
+        container_id: 0,
+        host_id: 65536,
+        size: 65536,
+    };
+    Holder::spawn(
+        &Mappings {
+            uids: range,
+            gids: range,
+        },
+        false,
+    )
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
+
 /// Makes a pod's user namespace with `mappings`, pinned at `userns_pin`, and, for a pod
 /// with its own network, its network namespace inside it, pinned at `netns_pin`.
 pub async fn create_pod_namespaces(

@@ -17,6 +17,7 @@ use crius::api::v1::{
     IdMapping, Mount, NamespaceMode, NamespaceOption, PodSandboxConfig, RunPodSandboxRequest,
     StatusRequest, UserNamespace,
 };
+use crius::config::UsernsRootfs;
 
 /// The host IDs the test pods' root maps to: far above any real user.
 const HOST_ROOT: u32 = 3_000_000;
@@ -101,17 +102,29 @@ async fn status_says_the_default_handler_runs_user_namespaces() {
 
 #[tokio::test]
 async fn root_inside_is_a_mapped_uid_outside_and_owns_its_files() {
-    root_inside_is_mapped_outside_on("", 150).await;
+    root_inside_is_mapped_outside_on("", 150, UsernsRootfs::Idmap).await;
 }
 
 #[tokio::test]
 async fn the_go_shim_handler_runs_user_namespace_pods_too() {
-    root_inside_is_mapped_outside_on("containerd-runc", 152).await;
+    root_inside_is_mapped_outside_on("containerd-runc", 152, UsernsRootfs::Idmap).await;
 }
 
-async fn root_inside_is_mapped_outside_on(handler: &str, tag: u8) {
+#[tokio::test]
+async fn a_remapped_copy_of_the_image_serves_where_mounts_cannot_be_idmapped() {
+    root_inside_is_mapped_outside_on("", 153, UsernsRootfs::Copy).await;
+}
+
+async fn root_inside_is_mapped_outside_on(handler: &str, tag: u8, rootfs: UsernsRootfs) {
     let mut network = None;
-    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, tag)), &[]).await;
+    let crius = Crius::start_with(
+        |c| {
+            network = Some(TestNetwork::install(c, tag));
+            c.userns.rootfs = rootfs;
+        },
+        &[],
+    )
+    .await;
     let config = userns_pod_config(&format!("userns-{tag}"), own_userns());
     let mut pod = pod_on(&crius, config, handler).await;
 
@@ -205,7 +218,14 @@ async fn root_inside_is_mapped_outside_on(handler: &str, tag: u8) {
     let state = crius.config.state.clone();
     let pin = state.join("sandboxes").join(&pod.id).join("userns");
     assert!(crius::netns::is_pinned(&pin));
-    assert!(!mounts_under(&state.join("rootfs")).is_empty());
+    let remapped = crius.ctr(&["snapshots", "ls"]).contains("crius-remap-");
+    match rootfs {
+        UsernsRootfs::Copy => assert!(remapped, "no remapped copy of the image"),
+        _ => {
+            assert!(!remapped);
+            assert!(!mounts_under(&state.join("rootfs")).is_empty());
+        }
+    }
     pod.remove_pod().await;
     assert!(
         mounts_under(&state.join("rootfs")).is_empty(),

@@ -193,10 +193,14 @@ impl CriService {
                 .create_lease(&lease, Duration::from_secs(3600))
                 .await
                 .map_err(internal)?;
+            let pod_userns = self.sandbox_user_namespace(&sandbox_meta);
             let made = async {
+                let parent = self
+                    .rootfs_parent(&image.chain_id, pod_userns.as_ref(), &lease)
+                    .await?;
                 let mounts = self
                     .containerd
-                    .prepare_snapshot(&snapshotter, &id, &image.chain_id, HashMap::new(), Some(&lease))
+                    .prepare_snapshot(&snapshotter, &id, &parent, HashMap::new(), Some(&lease))
                     .await
                     .map_err(|e| Status::internal(format!("preparing the container rootfs: {e}")))?;
                 crate::failpoint::hit("container_after_snapshot")
@@ -220,9 +224,8 @@ impl CriService {
                     .read_container_rootfs(&root_dir, &config, &image_volumes, mounts.clone())
                     .await?;
                 let declared_volumes = rootfs.volumes;
-                let pod_userns = self.sandbox_user_namespace(&sandbox_meta);
-                if let Some((_, mappings)) = &pod_userns {
-                    give_volumes_to_pod_root(&declared_volumes, *mappings).await?;
+                if let Some(pod) = &pod_userns {
+                    give_volumes_to_pod_root(&declared_volumes, pod.mappings).await?;
                 }
 
                 let linux = config.linux.clone().unwrap_or_default();
@@ -297,13 +300,11 @@ impl CriService {
                     hostname: &super::sandbox::pod_hostname(&sandbox_meta.config),
                     declared_volumes: &declared_volumes,
                     privileged_without_host_devices: runtime.privileged_without_host_devices,
-                    userns: pod_userns.as_ref().map(|(path, mappings)| {
-                        oci::builder::PodUserNamespace {
-                            path,
-                            mappings,
-                            rootfs: &idmapped_rootfs,
-                            host_network: super::sandbox::is_host_network(&sandbox_meta.config),
-                        }
+                    userns: pod_userns.as_ref().map(|pod| oci::builder::PodUserNamespace {
+                        path: &pod.pin,
+                        mappings: &pod.mappings,
+                        rootfs: (!pod.copy_rootfs).then_some(idmapped_rootfs.as_path()),
+                        host_network: super::sandbox::is_host_network(&sandbox_meta.config),
                     }),
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;

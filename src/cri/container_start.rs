@@ -100,13 +100,11 @@ impl CriService {
             .start(log_path, self.config.log_line_limit())
             .map_err(|e| format!("opening the container's output: {e}"))?;
         let mounts = match self.container_user_namespace(container) {
-            // In the pod's own user namespace: the idmapped rootfs, mounted by crius.
-            Some(userns) => {
-                self.mount_idmapped_rootfs(id, &userns)
-                    .await
-                    .map_err(|e| e.message().to_string())?;
-                Vec::new()
-            }
+            // In the pod's own user namespace: its idmapped rootfs or remapped copy.
+            Some(pod) => self
+                .userns_rootfs_mounts(id, &pod)
+                .await
+                .map_err(|e| e.message().to_string())?,
             None => self
                 .containerd
                 .snapshot_mounts(&self.config.containerd.snapshotter, id)

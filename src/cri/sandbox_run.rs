@@ -204,6 +204,7 @@ impl CriService {
             oci::passthrough_annotations(&config.annotations, &runtime.pod_annotations);
         let resolv_path = root_dir.join("resolv.conf").display().to_string();
         let userns_pin = self.sandbox_userns_pin(id);
+        let copy_rootfs = userns.is_some() && self.new_pods_copy_rootfs();
         let idmapped_rootfs = self.idmapped_rootfs_dir(id);
         let spec = oci::sandbox_spec(&SandboxSpecInput {
             id,
@@ -221,7 +222,7 @@ impl CriService {
                 .map(|mappings| oci::builder::PodUserNamespace {
                     path: &userns_pin,
                     mappings,
-                    rootfs: &idmapped_rootfs,
+                    rootfs: (!copy_rootfs).then_some(idmapped_rootfs.as_path()),
                     host_network: is_host_network(&config),
                 }),
         })
@@ -248,6 +249,7 @@ impl CriService {
                 self.containerd.namespace(),
                 runtime.options.systemd_cgroup,
             ),
+            userns_rootfs_copy: copy_rootfs,
         };
         self.create_sandbox_container(undo, &metadata, &image, &spec, runtime, &snapshotter)
             .await?;
@@ -285,7 +287,7 @@ impl CriService {
                 .map(Some)
         };
         let (task, network) = tokio::join!(
-            self.create_and_start_sandbox_task(id, &snapshotter, userns),
+            self.create_and_start_sandbox_task(id, &snapshotter, &metadata),
             network
         );
         // Undone newest first: the task goes before its network, as in StopPodSandbox.
@@ -383,14 +385,12 @@ impl CriService {
             .await
             .map_err(internal)?;
         let created = async {
+            let pod_userns = self.sandbox_user_namespace(metadata);
+            let parent = self
+                .rootfs_parent(&image.chain_id, pod_userns.as_ref(), &lease)
+                .await?;
             self.containerd
-                .prepare_snapshot(
-                    snapshotter,
-                    id,
-                    &image.chain_id,
-                    HashMap::new(),
-                    Some(&lease),
-                )
+                .prepare_snapshot(snapshotter, id, &parent, HashMap::new(), Some(&lease))
                 .await
                 .map_err(|e| Status::internal(format!("preparing the sandbox rootfs: {e}")))?;
             {
@@ -477,18 +477,16 @@ impl CriService {
     }
 
     /// Creates and starts the pause task; returns its pid.
-    /// With its own user namespace, the pause process gets the idmapped rootfs crius mounts
-    /// (the runtime then mounts nothing).
+    /// With its own user namespace, the pause process gets its idmapped rootfs or remapped
+    /// copy.
     async fn create_and_start_sandbox_task(
         &self,
         id: &str,
         snapshotter: &str,
-        userns: Option<Mappings>,
+        metadata: &SandboxMetadata,
     ) -> Result<u32, Status> {
-        let mounts = if let Some(mappings) = userns {
-            self.mount_idmapped_rootfs(id, &(self.sandbox_userns_pin(id), mappings))
-                .await?;
-            Vec::new()
+        let mounts = if let Some(pod) = self.sandbox_user_namespace(metadata) {
+            self.userns_rootfs_mounts(id, &pod).await?
         } else {
             self.containerd
                 .snapshot_mounts(snapshotter, id)

@@ -3,6 +3,7 @@
 //! rootfs crius mounts for the pause process and each container, so any OCI runtime that
 //! knows user namespaces can run them (runc before 1.2 cannot idmap a mount itself).
 
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,16 @@ use crate::api::v1::{ContainerConfig, PodSandboxConfig};
 use crate::server::CriService;
 use crate::store::SandboxMetadata;
 use crate::userns::Mappings;
+
+/// A pod's own user namespace, as its sandbox and containers use it.
+#[derive(Debug, Clone)]
+pub(crate) struct PodUserns {
+    /// Where the namespace is pinned.
+    pub pin: PathBuf,
+    pub mappings: Mappings,
+    /// Its rootfs are remapped copies, not idmapped mounts.
+    pub copy_rootfs: bool,
+}
 
 /// Under the state dir: the idmapped rootfs of each sandbox and container of such pods.
 const IDMAPPED_ROOTFS_DIR: &str = "rootfs";
@@ -45,7 +56,7 @@ impl CriService {
             return Err(Status::failed_precondition(format!(
                 "runtime handler {name:?} cannot run pods in their own user namespace on this \
                  host: {}",
-                self.host_idmap
+                self.userns_rootfs
                     .as_ref()
                     .err()
                     .map(String::as_str)
@@ -65,20 +76,27 @@ impl CriService {
         self.config.state.join(IDMAPPED_ROOTFS_DIR).join(id)
     }
 
-    /// The pinned user namespace and mappings of a sandbox that has its own.
-    pub(crate) fn sandbox_user_namespace(
-        &self,
-        metadata: &SandboxMetadata,
-    ) -> Option<(PathBuf, Mappings)> {
-        let mappings = crate::userns::pod_mappings(&metadata.config).ok()??;
-        Some((self.sandbox_userns_pin(&metadata.id), mappings))
+    /// Whether a new pod in its own user namespace gets remapped copies for its rootfs
+    /// (else idmapped mounts).
+    pub(crate) fn new_pods_copy_rootfs(&self) -> bool {
+        self.userns_rootfs == Ok(crate::config::UsernsRootfs::Copy)
     }
 
-    /// The pinned user namespace of a container's pod, if the pod has its own.
+    /// The user namespace of a sandbox that has its own.
+    pub(crate) fn sandbox_user_namespace(&self, metadata: &SandboxMetadata) -> Option<PodUserns> {
+        let mappings = crate::userns::pod_mappings(&metadata.config).ok()??;
+        Some(PodUserns {
+            pin: self.sandbox_userns_pin(&metadata.id),
+            mappings,
+            copy_rootfs: metadata.userns_rootfs_copy,
+        })
+    }
+
+    /// The user namespace of a container's pod, if the pod has its own.
     pub(crate) fn container_user_namespace(
         &self,
         container: &crate::store::Container,
-    ) -> Option<(PathBuf, Mappings)> {
+    ) -> Option<PodUserns> {
         let sandbox = self
             .sandboxes
             .get(&container.metadata.sandbox_id)
@@ -87,23 +105,126 @@ impl CriService {
         self.sandbox_user_namespace(&sandbox.metadata())
     }
 
-    /// Mounts the snapshot `id` for the pod's user namespace at `idmapped_rootfs_dir(id)`.
-    pub(crate) async fn mount_idmapped_rootfs(
+    /// The rootfs mounts to create the task of sandbox or container `id` with, in a pod
+    /// with its own user namespace: none, for the idmapped rootfs crius mounts at
+    /// `idmapped_rootfs_dir(id)` (the spec names it); or the snapshot's (a remapped copy),
+    /// with its writable layer given to the pod's root.
+    pub(crate) async fn userns_rootfs_mounts(
         &self,
         id: &str,
-        (userns, mappings): &(PathBuf, Mappings),
-    ) -> Result<(), Status> {
+        pod: &PodUserns,
+    ) -> Result<Vec<containerd_client::types::Mount>, Status> {
         let mounts = self
             .containerd
             .snapshot_mounts(&self.config.containerd.snapshotter, id)
             .await
             .map_err(|e| Status::internal(format!("the rootfs mounts of {id}: {e}")))?;
+        let host_root = pod.mappings.host_root();
+        if pod.copy_rootfs {
+            if let Some(upper) = mounts
+                .iter()
+                .flat_map(|m| m.options.iter())
+                .find_map(|o| o.strip_prefix("upperdir="))
+            {
+                give_to(Path::new(upper), host_root).map_err(Status::internal)?;
+            }
+            return Ok(mounts);
+        }
         let target = self.idmapped_rootfs_dir(id);
-        let (userns, host_root) = (userns.clone(), mappings.host_root());
+        let userns = pod.pin.clone();
         tokio::task::spawn_blocking(move || mount_idmapped(&mounts, &target, &userns, host_root))
             .await
             .map_err(|e| Status::internal(format!("mounting the rootfs of {id}: {e}")))?
-            .map_err(|e| Status::internal(format!("mounting the idmapped rootfs of {id}: {e}")))
+            .map_err(|e| Status::internal(format!("mounting the idmapped rootfs of {id}: {e}")))?;
+        Ok(Vec::new())
+    }
+
+    /// The parent snapshot of a new rootfs of `image` (its chain ID) for a pod: the image
+    /// itself, or, for a pod with remapped copies, the image's copy for the pod's range,
+    /// made once (under `lease`, which the new snapshot then keeps) and shared.
+    pub(crate) async fn rootfs_parent(
+        &self,
+        chain_id: &str,
+        pod: Option<&PodUserns>,
+        lease: &str,
+    ) -> Result<String, Status> {
+        match pod {
+            Some(pod) if pod.copy_rootfs => {
+                self.remapped_snapshot(chain_id, &pod.mappings, lease).await
+            }
+            _ => Ok(chain_id.to_string()),
+        }
+    }
+
+    /// The committed copy of image `chain_id` whose every owner is shifted into the range:
+    /// prepared on the image, chowned through its mount (overlayfs copies each file up),
+    /// committed.
+    async fn remapped_snapshot(
+        &self,
+        chain_id: &str,
+        mappings: &Mappings,
+        lease: &str,
+    ) -> Result<String, Status> {
+        let snapshotter = self.config.containerd.snapshotter.as_str();
+        let (uids, gids) = (mappings.uids, mappings.gids);
+        let name = format!(
+            "crius-remap-{}-{}-{}-{}-{chain_id}",
+            uids.host_id, uids.size, gids.host_id, gids.size
+        );
+        let _making = self.remap_lock.lock().await;
+        let exists = self
+            .containerd
+            .snapshot_exists(snapshotter, &name)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        if exists {
+            return Ok(name);
+        }
+        tracing::info!(snapshot = %name, "making a copy of an image remapped to a pod's range");
+        let key = format!("{name}-prep-{:x}", rand::random::<u64>());
+        let made = self
+            .make_remapped(&key, &name, chain_id, mappings, lease)
+            .await;
+        if made.is_err() {
+            let _ = self.containerd.remove_snapshot(snapshotter, &key).await;
+        }
+        made.map(|()| name)
+    }
+
+    async fn make_remapped(
+        &self,
+        key: &str,
+        name: &str,
+        chain_id: &str,
+        mappings: &Mappings,
+        lease: &str,
+    ) -> Result<(), Status> {
+        let snapshotter = self.config.containerd.snapshotter.as_str();
+        let failed =
+            |what: &str, e: String| Status::internal(format!("remapping the image: {what}: {e}"));
+        let mounts = self
+            .containerd
+            .prepare_snapshot(snapshotter, key, chain_id, HashMap::new(), Some(lease))
+            .await
+            .map_err(|e| failed("prepare", e.to_string()))?;
+        let staging = self.config.state.join(IDMAPPED_ROOTFS_DIR).join(key);
+        let mappings = *mappings;
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
+            crate::mount::mount_all(&mounts, &staging).map_err(|e| e.to_string())?;
+            let shifted = super::container_rootfs::shift_owners(&staging, &mappings)
+                .map_err(|e| e.to_string());
+            let unmounted = crate::mount::unmount_all(&staging).map_err(|e| e.to_string());
+            let _ = std::fs::remove_dir(&staging);
+            shifted.and(unmounted)
+        })
+        .await
+        .map_err(|e| failed("chown", e.to_string()))?
+        .map_err(|e| failed("chown", e))?;
+        self.containerd
+            .commit_snapshot(snapshotter, name, key, HashMap::new(), Some(lease))
+            .await
+            .map_err(|e| failed("commit", e.to_string()))
     }
 
     /// Unmounts and removes the idmapped rootfs and mounts of `id`; none is fine.
@@ -154,19 +275,33 @@ impl CriService {
         &self,
         id: &str,
         config: &ContainerConfig,
-        pod_userns: Option<&(PathBuf, Mappings)>,
+        pod_userns: Option<&PodUserns>,
     ) -> Result<Option<ContainerConfig>, Status> {
         let mapped =
             |m: &crate::api::v1::Mount| !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty();
         if !config.mounts.iter().any(mapped) {
             return Ok(None);
         }
-        let Some((userns, mappings)) = pod_userns else {
+        let Some(PodUserns {
+            pin: userns,
+            mappings,
+            ..
+        }) = pod_userns
+        else {
             return Err(Status::invalid_argument(
                 "a mount carries ID mappings, but the pod has no user namespace of its own",
             ));
         };
         let mut config = config.clone();
+        if self.host_idmap.is_err() {
+            // Remapped copies on a host without idmapped mounts: volumes are bound as they
+            // are (owned as on the host).
+            for mount in config.mounts.iter_mut() {
+                mount.uid_mappings.clear();
+                mount.gid_mappings.clear();
+            }
+            return Ok(Some(config));
+        }
         let mut to_mount = Vec::new();
         let staging_dir = self.idmapped_rootfs_dir(id).with_extension("mounts");
         for (i, mount) in config

@@ -143,8 +143,9 @@ pub struct PodUserNamespace<'a> {
     /// The pinned namespace.
     pub path: &'a Path,
     pub mappings: &'a crate::userns::Mappings,
-    /// The container's rootfs, idmapped to the namespace by crius.
-    pub rootfs: &'a Path,
+    /// The container's rootfs, idmapped to the namespace by crius; `None` for a remapped
+    /// copy the runtime mounts as usual.
+    pub rootfs: Option<&'a Path>,
     /// The pod is on the host's network, whose namespace the pod's user namespace does not
     /// own: sysfs cannot be mounted, so the host's /sys is bound read-only instead.
     pub host_network: bool,
@@ -178,8 +179,8 @@ pub fn join_user_namespace(
     linux.set_namespaces(Some(namespaces));
     linux.set_uid_mappings(Some(uids));
     linux.set_gid_mappings(Some(gids));
-    if let Some(root) = spec.root_mut() {
-        root.set_path(userns.rootfs.to_path_buf());
+    if let (Some(root), Some(rootfs)) = (spec.root_mut(), userns.rootfs) {
+        root.set_path(rootfs.to_path_buf());
     }
     if userns.host_network {
         bind_host_sysfs(spec)?;

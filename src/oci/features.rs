@@ -23,7 +23,7 @@ pub struct HandlerFeatures {
     /// The runtime can make idmapped mounts itself.
     pub idmap_mounts: bool,
     /// crius can run pods in their own user namespace on this handler: its runtime takes
-    /// runc's options (runc and crun know user namespaces) and the host can idmap mounts.
+    /// runc's options (runc and crun know user namespaces) and the host can make them.
     pub user_namespaces: bool,
 }
 
@@ -98,11 +98,11 @@ async fn run_features(binary: &str) -> std::io::Result<Vec<u8>> {
         })?
 }
 
-/// Probes every configured handler, each runtime binary once. `host_idmap`: whether the
-/// host can idmap mounts (user namespaces need it).
+/// Probes every configured handler, each runtime binary once. `userns`: whether the host
+/// can run pods in their own user namespace.
 pub async fn probe_handlers(
     runtimes: &BTreeMap<String, RuntimeConfig>,
-    host_idmap: bool,
+    userns: bool,
 ) -> BTreeMap<String, HandlerFeatures> {
     let mut by_binary: BTreeMap<String, HandlerFeatures> = BTreeMap::new();
     let mut features = BTreeMap::new();
@@ -116,8 +116,8 @@ pub async fn probe_handlers(
                 found
             }
         };
-        let user_namespaces = host_idmap
-            && crate::config::RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str());
+        let user_namespaces =
+            userns && crate::config::RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str());
         features.insert(
             name.clone(),
             HandlerFeatures {

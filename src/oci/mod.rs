@@ -485,7 +485,7 @@ mod tests {
         input.userns = Some(builder::PodUserNamespace {
             path: std::path::Path::new("/run/crius/sandboxes/abc/userns"),
             mappings: &mappings,
-            rootfs: std::path::Path::new("/run/crius/rootfs/abc"),
+            rootfs: Some(std::path::Path::new("/run/crius/rootfs/abc")),
             host_network: false,
         });
         let spec = sandbox_spec(&input).unwrap();

@@ -73,6 +73,9 @@ pub struct ServiceState {
     pub handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
     /// Whether this host can idmap mounts for pods in their own user namespace; why not.
     pub host_idmap: Result<(), String>,
+    /// How pods in their own user namespace get their rootfs (`Idmap` or `Copy`); why such
+    /// pods cannot run here.
+    pub userns_rootfs: Result<crate::config::UsernsRootfs, String>,
     /// Whether CRIU can checkpoint containers here (`criu check` at start-up); why not.
     pub criu: Result<(), String>,
     /// Container and sandbox lifecycle events for `GetContainerEvents`.
@@ -83,6 +86,8 @@ pub struct ServiceState {
     pub stream_endpoint: std::sync::OnceLock<crate::streaming::StreamEndpoint>,
     /// Serializes mounting and unmounting image volumes.
     pub(crate) image_volume_lock: tokio::sync::Mutex<()>,
+    /// Serializes making remapped rootfs copies (pods in their own user namespace).
+    pub(crate) remap_lock: tokio::sync::Mutex<()>,
     initialized: AtomicBool,
     /// Whether crius's event subscription to containerd stands (cleared when it breaks).
     containerd_reachable: AtomicBool,
@@ -162,6 +167,7 @@ impl CriService {
             );
         }
         let host_idmap = probe_host_idmap(&config).await;
+        let userns_rootfs = userns_rootfs_mode(config.userns.rootfs, &host_idmap).await;
         let criu = crate::checkpoint::probe_criu().await;
         match &criu {
             Ok(()) => tracing::info!("CRIU works: containers can be checkpointed"),
@@ -169,9 +175,11 @@ impl CriService {
                 tracing::warn!(%reason, "containers cannot be checkpointed on this host: CheckpointContainer answers FAILED_PRECONDITION")
             }
         }
-        let handler_features =
-            crate::oci::features::probe_handlers(&config.containerd.runtimes, host_idmap.is_ok())
-                .await;
+        let handler_features = crate::oci::features::probe_handlers(
+            &config.containerd.runtimes,
+            userns_rootfs.is_ok(),
+        )
+        .await;
         tracing::debug!(?handler_features, "runtime handler features");
         let stream_requests = Arc::new(crate::streaming::StreamRequests::new(
             config.stream.token_ttl,
@@ -198,10 +206,12 @@ impl CriService {
             layer_usages: Default::default(),
             handler_features,
             host_idmap,
+            userns_rootfs,
             criu,
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             image_volume_lock: tokio::sync::Mutex::new(()),
+            remap_lock: tokio::sync::Mutex::new(()),
             initialized: AtomicBool::new(false),
             containerd_reachable: AtomicBool::new(true),
             shutdown: CancellationToken::new(),
@@ -289,23 +299,44 @@ fn has_effective_capability(cap: u32) -> bool {
         .is_some_and(|mask| mask & (1 << cap) != 0)
 }
 
-/// Checks once whether pods can have their own user namespace here, and says so.
+/// Checks once whether the host can idmap mounts (for pods in their own user namespace).
 async fn probe_host_idmap(config: &Config) -> Result<(), String> {
     let (root, state) = (config.root.clone(), config.state.clone());
-    let probed = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         crate::idmap::probe_host(&[root.as_path(), state.as_path()], &root)
     })
     .await
-    .unwrap_or_else(|e| Err(e.to_string()));
-    match &probed {
-        Ok(()) => {
-            tracing::info!("pods in their own user namespace (hostUsers: false) are supported")
-        }
-        Err(e) => {
-            tracing::warn!(reason = %e, "pods in their own user namespace (hostUsers: false) cannot run on this host")
-        }
+    .unwrap_or_else(|e| Err(e.to_string()))
+}
+
+/// How pods in their own user namespace get their rootfs here, by the configured choice
+/// and what the host can do; why they cannot run at all. Says so in the log.
+async fn userns_rootfs_mode(
+    wanted: crate::config::UsernsRootfs,
+    host_idmap: &Result<(), String>,
+) -> Result<crate::config::UsernsRootfs, String> {
+    use crate::config::UsernsRootfs;
+    let userns = tokio::task::spawn_blocking(crate::userns::probe)
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    let mode = match (wanted, userns, host_idmap) {
+        (_, Err(e), _) => Err(e),
+        (UsernsRootfs::Auto | UsernsRootfs::Idmap, Ok(()), Ok(())) => Ok(UsernsRootfs::Idmap),
+        (UsernsRootfs::Idmap, Ok(()), Err(e)) => Err(e.clone()),
+        (UsernsRootfs::Auto | UsernsRootfs::Copy, Ok(()), _) => Ok(UsernsRootfs::Copy),
+    };
+    match &mode {
+        Ok(mode) => tracing::info!(
+            rootfs = ?mode,
+            idmapped_mounts = host_idmap.is_ok(),
+            "pods in their own user namespace (hostUsers: false) are supported"
+        ),
+        Err(e) => tracing::warn!(
+            reason = %e,
+            "pods in their own user namespace (hostUsers: false) cannot run on this host"
+        ),
     }
-    probed
+    mode
 }
 
 /// Creates `path` (and parents) with mode 0711: others may traverse but not list.

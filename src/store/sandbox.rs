@@ -32,6 +32,10 @@ pub struct SandboxMetadata {
     /// The pause container's cgroup path in its runtime spec.
     #[serde(default)]
     pub cgroups_path: String,
+    /// In its own user namespace, the pod's rootfs are remapped copies (`userns.rootfs`
+    /// "copy"), not idmapped mounts.
+    #[serde(default)]
+    pub userns_rootfs_copy: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
