@@ -48,6 +48,9 @@ struct Inner {
     by_reference: HashMap<String, String>,
     /// Image IDs without the `sha256:` prefix.
     ids: IdIndex,
+    /// Counts reference removals; `removed_at` holds the count at each name's last removal.
+    generation: u64,
+    removed_at: HashMap<String, u64>,
 }
 
 /// All images, safe to share.
@@ -105,8 +108,30 @@ impl ImageStore {
     /// Forgets the name `reference`; an image left without names is removed.
     pub fn remove_reference(&self, reference: &str) {
         let mut inner = self.write();
+        inner.generation += 1;
+        let generation = inner.generation;
+        inner.removed_at.insert(reference.to_string(), generation);
         if let Some(id) = inner.by_reference.get(reference).cloned() {
             detach(&mut inner, reference, &id);
+        }
+    }
+
+    /// Where the store is now, for [`Self::add_unless_removed_since`].
+    pub fn generation(&self) -> u64 {
+        self.read().generation
+    }
+
+    /// Adds an image read from containerd when the store was at `generation`, without the
+    /// names removed since: a read that raced a RemoveImage must not bring the image back.
+    pub fn add_unless_removed_since(&self, mut image: Image, generation: u64) {
+        {
+            let inner = self.read();
+            image
+                .references
+                .retain(|r| inner.removed_at.get(r).is_none_or(|at| *at <= generation));
+        }
+        if !image.references.is_empty() {
+            self.add(image);
         }
     }
 
@@ -198,6 +223,22 @@ mod tests {
             size: 10,
             config: ImageConfigFile::default(),
         }
+    }
+
+    #[test]
+    fn a_read_that_raced_a_removal_does_not_bring_the_name_back() {
+        let store = ImageStore::new();
+        store.add(image("sha256:aaa", &["busybox:latest"]));
+        // An event's read of containerd starts, then RemoveImage removes the name...
+        let before = store.generation();
+        store.remove_reference("busybox:latest");
+        // ...and the read, made while the record still existed, lands.
+        store.add_unless_removed_since(image("sha256:aaa", &["busybox:latest"]), before);
+        assert!(store.resolve("sha256:aaa").is_none());
+        // A read that starts after the removal (a new pull) counts.
+        let after = store.generation();
+        store.add_unless_removed_since(image("sha256:aaa", &["busybox:latest"]), after);
+        assert!(store.resolve("busybox:latest").is_some());
     }
 
     const ID_A: &str = "sha256:aaaa1111";
