@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
@@ -133,10 +133,23 @@ pub struct ArchiveParts<'a> {
     pub status_dump: &'a [u8],
     /// The container's CRI log, if it has one.
     pub log: Option<&'a Path>,
-    /// The container's writable layer (an overlay upper dir), if it has one.
-    pub upper: Option<&'a Path>,
-    /// A directory for the archive's intermediate files.
-    pub scratch: &'a Path,
+    /// The writable layer's changes, taken while the container was paused.
+    pub layer: Option<&'a StagedLayer>,
+}
+
+/// A writable layer's changes, staged: its diff as a tar and what it removed.
+#[derive(Debug)]
+pub struct StagedLayer {
+    pub diff: PathBuf,
+    pub deleted: Vec<String>,
+}
+
+/// Stages the changes of the writable layer `upper` in `scratch` (blocking; the container
+/// should be paused, so they agree with its memory).
+pub fn stage_layer(upper: &Path, scratch: &Path) -> Result<StagedLayer, CheckpointError> {
+    let diff = scratch.join(ROOTFS_DIFF);
+    let deleted = write_rootfs_diff(upper, &diff)?;
+    Ok(StagedLayer { diff, deleted })
 }
 
 /// Writes the archive at `location` (absolute): an uncompressed tar of the CRIU images,
@@ -182,11 +195,7 @@ fn write_archive_to(path: &Path, parts: &ArchiveParts<'_>) -> Result<(), Checkpo
     tar.append_dir_all(CHECKPOINT_DIR, parts.images)
         .map_err(io("archive the CRIU images"))?;
     for name in CRIU_WORK_FILES {
-        let file = parts.work.join(name);
-        if file.is_file() {
-            tar.append_path_with_name(&file, name)
-                .map_err(io(format!("archive {name}")))?;
-        }
+        append_file_exact(&mut tar, &parts.work.join(name), name)?;
     }
     let config = serde_json::to_vec(parts.config_dump)
         .map_err(|e| CheckpointError::Invalid(format!("config.dump: {e}")))?;
@@ -197,16 +206,12 @@ fn write_archive_to(path: &Path, parts: &ArchiveParts<'_>) -> Result<(), Checkpo
     ] {
         append_bytes(&mut tar, name, data)?;
     }
-    if let Some(log) = parts.log.filter(|l| l.is_file()) {
-        tar.append_path_with_name(log, CONTAINER_LOG)
-            .map_err(io("archive the container's log"))?;
+    if let Some(log) = parts.log {
+        append_file_exact(&mut tar, log, CONTAINER_LOG)?;
     }
-    if let Some(upper) = parts.upper {
-        let diff = parts.scratch.join(ROOTFS_DIFF);
-        let deleted = write_rootfs_diff(upper, &diff)?;
-        tar.append_path_with_name(&diff, ROOTFS_DIFF)
-            .map_err(io("archive the rootfs diff"))?;
-        let deleted = serde_json::to_vec(&deleted)
+    if let Some(layer) = parts.layer {
+        append_file_exact(&mut tar, &layer.diff, ROOTFS_DIFF)?;
+        let deleted = serde_json::to_vec(&layer.deleted)
             .map_err(|e| CheckpointError::Invalid(format!("deleted.files: {e}")))?;
         append_bytes(&mut tar, DELETED_FILES, &deleted)?;
     }
@@ -217,6 +222,42 @@ fn write_archive_to(path: &Path, parts: &ArchiveParts<'_>) -> Result<(), Checkpo
         .map_err(|e| io("flush the archive")(e.into_error()))?;
     out.flush().map_err(io("flush the archive"))?;
     out.sync_all().map_err(io("sync the archive"))
+}
+
+/// Archives a regular file as `name` with the size it has when opened (it may still grow:
+/// a container's log); a missing file, or one that is not a regular file, is left out.
+fn append_file_exact<W: Write>(
+    tar: &mut tar::Builder<W>,
+    path: &Path,
+    name: &str,
+) -> Result<(), CheckpointError> {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(()),
+        Err(e) => return Err(io(format!("open {}", path.display()))(e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(io(format!("stat {}", path.display())))?;
+    if !meta.is_file() {
+        return Ok(());
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_size(meta.len());
+    header.set_mode(0o600);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_cksum();
+    let content = std::io::Read::take(file, meta.len());
+    let zeros = std::io::Read::take(std::io::repeat(0), meta.len());
+    let exact = std::io::Read::take(std::io::Read::chain(content, zeros), meta.len());
+    tar.append_data(&mut header, name, exact)
+        .map_err(io(format!("archive {name}")))
 }
 
 fn append_bytes<W: Write>(
@@ -242,13 +283,21 @@ fn append_bytes<W: Write>(
 
 /// Tars what the writable layer `upper` added or changed into `out`, and returns what it
 /// removed: overlay whiteouts (0/0 character devices) are removed paths, and an opaque
-/// directory is one whose earlier content was removed (listed, then written whole).
+/// directory is one whose earlier content was removed (listed, then written whole). The
+/// walk never follows a link and opens nothing that could block (the container's own files:
+/// directories, regular files, symlinks and FIFOs are taken; devices and sockets are not).
 pub fn write_rootfs_diff(upper: &Path, out: &Path) -> Result<Vec<String>, CheckpointError> {
+    use nix::fcntl::OFlag;
     let file = File::create(out).map_err(io(format!("create {}", out.display())))?;
     let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
-    tar.follow_symlinks(false);
+    let root = nix::fcntl::open(
+        upper,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| io(format!("open {}", upper.display()))(e.into()))?;
     let mut deleted = Vec::new();
-    add_layer_dir(&mut tar, upper, Path::new(""), &mut deleted, 0)?;
+    add_layer_dir(&mut tar, &root, Path::new(""), &mut deleted, 0)?;
     tar.into_inner()
         .map_err(io("finish the rootfs diff"))?
         .flush()
@@ -256,57 +305,115 @@ pub fn write_rootfs_diff(upper: &Path, out: &Path) -> Result<Vec<String>, Checkp
     Ok(deleted)
 }
 
+/// The names in a directory open at `dir`.
+fn dir_names(dir: &std::os::fd::OwnedFd) -> Result<Vec<std::ffi::OsString>, CheckpointError> {
+    use std::os::unix::ffi::OsStrExt;
+    let copy = dir.try_clone().map_err(io("dup a directory"))?;
+    let mut listing = nix::dir::Dir::from_fd(copy).map_err(|e| io("list a directory")(e.into()))?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        let entry = entry.map_err(|e| io("list a directory")(e.into()))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(std::ffi::OsStr::from_bytes(name).to_os_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// A tar header for a layer entry, from its stat.
+fn layer_header(stat: &nix::sys::stat::FileStat, kind: tar::EntryType, size: u64) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_mode(stat.st_mode & 0o7777);
+    header.set_uid(u64::from(stat.st_uid));
+    header.set_gid(u64::from(stat.st_gid));
+    header.set_mtime(u64::try_from(stat.st_mtime).unwrap_or_default());
+    header.set_size(size);
+    header
+}
+
 fn add_layer_dir<W: Write>(
     tar: &mut tar::Builder<W>,
-    dir: &Path,
+    dir: &std::os::fd::OwnedFd,
     relative: &Path,
     deleted: &mut Vec<String>,
     depth: usize,
 ) -> Result<(), CheckpointError> {
+    use nix::fcntl::{AtFlags, OFlag};
+    use nix::sys::stat::SFlag;
     if depth > MAX_DEPTH {
         return Err(CheckpointError::Invalid(format!(
             "the container's writable layer nests more than {MAX_DEPTH} directories deep"
         )));
     }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io(format!("read {}", dir.display())))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()
-        .map_err(io(format!("read {}", dir.display())))?;
-    entries.sort();
-    for path in entries {
-        let Some(name) = path.file_name() else {
-            continue;
-        };
-        let inside = relative.join(name);
-        let meta =
-            std::fs::symlink_metadata(&path).map_err(io(format!("stat {}", path.display())))?;
-        if meta.file_type().is_char_device() && meta.rdev() == 0 {
+    for name in dir_names(dir)? {
+        let inside = relative.join(&name);
+        let failed = |what: &str| io(format!("{what} {}", inside.display()));
+        let stat = nix::sys::stat::fstatat(dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| failed("stat")(e.into()))?;
+        let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+        if kind == SFlag::S_IFCHR && stat.st_rdev == 0 {
             deleted.push(format!("/{}", inside.display()));
-            continue;
-        }
-        if meta.is_dir() && is_opaque(&path) {
-            deleted.push(format!("/{}", inside.display()));
-        }
-        tar.append_path_with_name(&path, &inside)
-            .map_err(io(format!("archive {}", inside.display())))?;
-        if meta.is_dir() {
-            add_layer_dir(tar, &path, &inside, deleted, depth + 1)?;
+        } else if kind == SFlag::S_IFDIR {
+            let child = nix::fcntl::openat(
+                dir,
+                name.as_os_str(),
+                OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| failed("open")(e.into()))?;
+            if is_opaque(&child) {
+                deleted.push(format!("/{}", inside.display()));
+            }
+            let mut header = layer_header(&stat, tar::EntryType::Directory, 0);
+            tar.append_data(&mut header, &inside, std::io::empty())
+                .map_err(failed("archive"))?;
+            add_layer_dir(tar, &child, &inside, deleted, depth + 1)?;
+        } else if kind == SFlag::S_IFREG {
+            let fd = nix::fcntl::openat(
+                dir,
+                name.as_os_str(),
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| failed("open")(e.into()))?;
+            let stat = nix::sys::stat::fstat(&fd).map_err(|e| failed("stat")(e.into()))?;
+            let size = u64::try_from(stat.st_size).unwrap_or_default();
+            let mut header = layer_header(&stat, tar::EntryType::Regular, size);
+            // Exactly the size the header promises, even if the file changes meanwhile.
+            let content = std::io::Read::take(File::from(fd), size);
+            let zeros = std::io::Read::take(std::io::repeat(0), size);
+            let mut exact = std::io::Read::take(std::io::Read::chain(content, zeros), size);
+            tar.append_data(&mut header, &inside, &mut exact)
+                .map_err(failed("archive"))?;
+        } else if kind == SFlag::S_IFLNK {
+            let target = nix::fcntl::readlinkat(dir, name.as_os_str())
+                .map_err(|e| failed("read link")(e.into()))?;
+            let mut header = layer_header(&stat, tar::EntryType::Symlink, 0);
+            tar.append_link(&mut header, &inside, Path::new(&target))
+                .map_err(failed("archive"))?;
+        } else if kind == SFlag::S_IFIFO {
+            let mut header = layer_header(&stat, tar::EntryType::Fifo, 0);
+            tar.append_data(&mut header, &inside, std::io::empty())
+                .map_err(failed("archive"))?;
+        } else {
+            tracing::debug!(path = %inside.display(), "a device node or socket is not checkpointed");
         }
     }
     Ok(())
 }
 
-/// Whether overlayfs marked the directory opaque (what lower layers had there is hidden).
-fn is_opaque(dir: &Path) -> bool {
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
+/// Whether overlayfs marked the directory open at `dir` opaque (what lower layers had
+/// there is hidden).
+fn is_opaque(dir: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
     let mut value = [0u8; 1];
-    // SAFETY: a NUL-terminated path and a buffer of the length given, both live across it.
+    // SAFETY: an open fd, a NUL-terminated name and a buffer of the length given.
     let len = unsafe {
-        libc::lgetxattr(
-            path.as_ptr(),
+        libc::fgetxattr(
+            dir.as_raw_fd(),
             c"trusted.overlay.opaque".as_ptr(),
             value.as_mut_ptr().cast(),
             value.len(),
@@ -389,7 +496,15 @@ pub fn unpack_for_restore(archive: &Path, dest: &Path) -> Result<Unpacked, Check
             Some(std::path::Component::Normal(first)) if first == CHECKPOINT_DIR => {
                 kind.is_file() || kind.is_dir()
             }
-            _ => path == Path::new(ROOTFS_DIFF) || path == Path::new(DELETED_FILES),
+            _ if path == Path::new(DELETED_FILES) && entry.size() > MAX_METADATA_BYTES => {
+                return Err(CheckpointError::Invalid(format!(
+                    "{DELETED_FILES} is more than {MAX_METADATA_BYTES} bytes"
+                )));
+            }
+            _ => {
+                kind.is_file()
+                    && (path == Path::new(ROOTFS_DIFF) || path == Path::new(DELETED_FILES))
+            }
         };
         if wanted {
             entry
@@ -404,14 +519,10 @@ pub fn unpack_for_restore(archive: &Path, dest: &Path) -> Result<Unpacked, Check
             archive.display()
         )));
     }
+    // Only regular files were unpacked under these names, by this process, into `dest`.
     let deleted = match std::fs::read(dest.join(DELETED_FILES)) {
-        Ok(data) if data.len() as u64 <= MAX_METADATA_BYTES => serde_json::from_slice(&data)
+        Ok(data) => serde_json::from_slice(&data)
             .map_err(|e| CheckpointError::Invalid(format!("{DELETED_FILES}: {e}")))?,
-        Ok(_) => {
-            return Err(CheckpointError::Invalid(format!(
-                "{DELETED_FILES} is more than {MAX_METADATA_BYTES} bytes"
-            )));
-        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io(DELETED_FILES)(e)),
     };
@@ -560,6 +671,7 @@ pub fn tar_with_digest(dir: &Path, out: &Path) -> Result<(String, u64), Checkpoi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     use std::os::unix::process::ExitStatusExt;
 
     fn entries(archive: &Path) -> Vec<String> {
@@ -623,6 +735,12 @@ mod tests {
         let location = out.join("checkpoint.tar");
         let scratch = dir.path().join("scratch");
         std::fs::create_dir(&scratch).unwrap();
+        nix::unistd::mkfifo(
+            &upper.join("pipe"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let layer = stage_layer(&upper, &scratch).unwrap();
         let parts = ArchiveParts {
             images: &images,
             work: &work,
@@ -630,8 +748,7 @@ mod tests {
             spec_dump: br#"{"ociVersion":"1.0.2-dev"}"#,
             status_dump: br#"{"id":"abc"}"#,
             log: Some(&log),
-            upper: Some(&upper),
-            scratch: &scratch,
+            layer: Some(&layer),
         };
         write_archive(&location, &parts).unwrap();
 
@@ -668,6 +785,7 @@ mod tests {
         let diff = entries(&dir.path().join("diff.tar"));
         assert!(diff.contains(&"etc/new.conf".to_string()), "{diff:?}");
         assert!(diff.contains(&"link".to_string()), "{diff:?}");
+        assert!(diff.contains(&"pipe".to_string()), "{diff:?}");
         assert!(!diff.iter().any(|n| n.contains("old.conf")), "{diff:?}");
         // Only the archive is left in its directory.
         assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);

@@ -150,6 +150,10 @@ impl Holder {
     /// Forks the child, waits until it has unshared, and writes its mappings. Blocking:
     /// call it off the async threads.
     pub fn spawn(mappings: &Mappings, with_netns: bool) -> Result<Holder, UsernsError> {
+        // One at a time: a child forked (without exec) by a concurrent spawn would hold a
+        // copy of this spawn's pipe ends, and neither would ever see its EOF.
+        static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = SPAWNING.lock().unwrap_or_else(|p| p.into_inner());
         let (ready_read, ready_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| fail("pipe", e))?;
         let (release_read, release_write) =
@@ -235,20 +239,25 @@ impl Drop for Holder {
     }
 }
 
-/// Reads the child's report: `K`, or `E` and the errno of its unshare.
+/// Reads the child's report: `K`, or `E` and the errno of its unshare (exactly those
+/// bytes: no wait for an EOF another process could hold off).
 fn wait_until_unshared(ready: OwnedFd) -> Result<(), UsernsError> {
-    let mut report = Vec::with_capacity(5);
-    File::from(ready)
-        .take(5)
-        .read_to_end(&mut report)
-        .map_err(|e| fail("read the child's report", e))?;
-    match report.as_slice() {
-        [b'K', ..] => Ok(()),
-        [b'E', errno @ ..] if errno.len() == 4 => {
-            let errno = i32::from_ne_bytes([errno[0], errno[1], errno[2], errno[3]]);
+    let mut ready = File::from(ready);
+    let mut kind = [0u8; 1];
+    if ready.read_exact(&mut kind).is_err() {
+        return Err(fail("unshare", "the child exited without a report"));
+    }
+    match kind[0] {
+        b'K' => Ok(()),
+        b'E' => {
+            let mut errno = [0u8; 4];
+            ready
+                .read_exact(&mut errno)
+                .map_err(|e| fail("read the child's report", e))?;
+            let errno = i32::from_ne_bytes(errno);
             Err(fail("unshare", nix::errno::Errno::from_raw(errno)))
         }
-        _ => Err(fail("unshare", "the child exited without a report")),
+        other => Err(fail("unshare", format!("unexpected report {other:#x}"))),
     }
 }
 
@@ -260,6 +269,8 @@ fn child_main(flags: libc::c_int, ready: i32, release: i32, parent_ends: [i32; 2
         for fd in parent_ends {
             libc::close(fd);
         }
+        // Gone with the thread that forked it, whatever happens to the pipes.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         if libc::unshare(flags) != 0 {
             let errno = *libc::__errno_location();
             let mut report = [b'E', 0, 0, 0, 0];

@@ -22,6 +22,11 @@ impl Shim {
         let process = container
             .process(exec_id)
             .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id} of container {id}")))?;
+        // A restored init runs from create on: if it ended already, its start is its pid
+        // (its exit was reported when it came).
+        if exec_id.is_empty() && container.is_restored() && process.exit().is_some() {
+            return Ok(process.pid());
+        }
         if process.exit().is_some() || !process.begin_start() {
             return Err(ShimError::FailedPrecondition(format!(
                 "process {} of container {id} was started already",

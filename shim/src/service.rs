@@ -98,6 +98,17 @@ impl Task for TaskService {
         logged("Create", &req.id, async {
             let options: Option<Options> =
                 decode_any(req.options.as_ref(), "containerd.runc.v1.Options")?;
+            // CRIU's images to restore from: containerd 2.x passes the task's CriuImagePath
+            // as the checkpoint; 1.6 leaves it in the options for a shim not named runc.
+            let checkpoint = Some(req.checkpoint.clone())
+                .filter(|c| !c.is_empty())
+                .or_else(|| {
+                    options
+                        .as_ref()
+                        .map(|o| o.criu_image_path.clone())
+                        .filter(|c| !c.is_empty())
+                })
+                .map(std::path::PathBuf::from);
             let runc = options
                 .map(|o| RuncOptions {
                     binary: o.binary_name,
@@ -120,7 +131,7 @@ impl Task for TaskService {
                         terminal: req.terminal,
                     },
                     runc,
-                    checkpoint: (!req.checkpoint.is_empty()).then(|| req.checkpoint.clone().into()),
+                    checkpoint,
                 })
                 .await?;
             Ok(CreateTaskResponse {

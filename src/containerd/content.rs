@@ -125,6 +125,27 @@ impl Containerd {
             .collect())
     }
 
+    /// Puts an existing snapshot under a lease, so garbage collection keeps it while the
+    /// lease lives.
+    pub async fn lease_snapshot(
+        &self,
+        lease: &str,
+        snapshotter: &str,
+        key: &str,
+    ) -> Result<(), ContainerdError> {
+        self.leases()
+            .add_resource(containerd_client::services::v1::AddResourceRequest {
+                id: lease.to_string(),
+                resource: Some(containerd_client::services::v1::Resource {
+                    id: key.to_string(),
+                    r#type: format!("snapshots/{snapshotter}"),
+                }),
+            })
+            .await
+            .map(|_| ())
+            .map_err(ContainerdError::rpc("add a snapshot to a lease"))
+    }
+
     /// Deletes a lease; `sync` runs garbage collection before answering.
     pub async fn delete_lease(&self, id: &str, sync: bool) -> Result<(), ContainerdError> {
         match self

@@ -164,15 +164,15 @@ impl Containerd {
             .await
     }
 
-    /// As [`Self::create_task`], restoring the process from `checkpoint` (CRIU's images in
-    /// the content store) when given.
+    /// As [`Self::create_task`], with task `options` (the runtime's, for this task only:
+    /// runc's `CriuImagePath` restores the process from a checkpoint).
     pub async fn create_task_from(
         &self,
         id: &str,
         rootfs: Vec<Mount>,
         stdio: [&str; 3],
         terminal: bool,
-        checkpoint: Option<containerd_client::types::Descriptor>,
+        options: Option<prost_types::Any>,
     ) -> Result<u32, ContainerdError> {
         let resp = self
             .tasks()
@@ -183,7 +183,7 @@ impl Containerd {
                 stdout: stdio[1].to_string(),
                 stderr: stdio[2].to_string(),
                 terminal,
-                checkpoint,
+                options,
                 ..Default::default()
             })
             .await

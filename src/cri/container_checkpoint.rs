@@ -14,7 +14,7 @@ use crate::api::v1::{
 use tonic::Status;
 
 use super::sandbox::internal;
-use crate::checkpoint::{ArchiveParts, ContainerConfigDump, go_time};
+use crate::checkpoint::{ArchiveParts, ContainerConfigDump, StagedLayer, go_time};
 use crate::server::CriService;
 use crate::store::{Container, ContainerState};
 
@@ -100,7 +100,9 @@ impl CriService {
             let images = make_private_dir(&staging.join("images"))?;
             let scratch = make_private_dir(&staging.join("scratch"))?;
             let upper = self.writable_layer(&id).await;
-            self.dump_paused(&id, &images, &staging, timeout).await?;
+            let layer = self
+                .dump_paused(&id, &images, &staging, timeout, upper, scratch)
+                .await?;
             let parts = CheckpointFiles {
                 config: self.config_dump(container, &runtime),
                 spec: record.spec.map(|s| s.value).unwrap_or_default(),
@@ -117,17 +119,13 @@ impl CriService {
                         spec_dump: &parts.spec,
                         status_dump: &parts.status,
                         log: (!log.is_empty()).then_some(Path::new(&log)),
-                        upper: upper.as_deref(),
-                        scratch: &scratch,
+                        layer: layer.as_ref(),
                     },
                 )
             })
             .await
             .map_err(internal)?
-            .map_err(|e| match e {
-                crate::checkpoint::CheckpointError::Invalid(m) => Status::invalid_argument(m),
-                other => Status::internal(format!("writing the checkpoint archive: {other}")),
-            })
+            .map_err(|e| Status::internal(format!("writing the checkpoint archive: {e}")))
         }
         .await;
         if let Err(e) = std::fs::remove_dir_all(&staging) {
@@ -139,15 +137,20 @@ impl CriService {
         result
     }
 
-    /// Pauses the task, has CRIU dump it into `images` (its log in `work`), and resumes it
-    /// whatever happened, so the container keeps running.
+    /// Pauses the task, has CRIU dump it into `images` (its log in `work`), stages the
+    /// writable layer's changes while it is still paused (so they agree with its memory and
+    /// the container cannot change them under the walk), and resumes it whatever happened.
+    /// Past `timeout` the dump is left to finish in the background, and the task is resumed
+    /// once it has (CRIU puts back the frozen state it found).
     async fn dump_paused(
         &self,
         id: &str,
         images: &Path,
         work: &Path,
         timeout: Duration,
-    ) -> Result<(), Status> {
+        upper: Option<PathBuf>,
+        scratch: PathBuf,
+    ) -> Result<Option<StagedLayer>, Status> {
         let options = crate::protos::runc::CheckpointOptions {
             exit: false,
             image_path: images.display().to_string(),
@@ -162,22 +165,49 @@ impl CriService {
             .pause_task(id)
             .await
             .map_err(|e| Status::internal(format!("pausing container {id}: {e}")))?;
-        let dumped =
-            tokio::time::timeout(timeout, self.containerd.checkpoint_task(id, options)).await;
+        let containerd = self.containerd.clone();
+        let task_id = id.to_string();
+        let mut dump =
+            tokio::spawn(async move { containerd.checkpoint_task(&task_id, options).await });
+        let dumped = match tokio::time::timeout(timeout, &mut dump).await {
+            Ok(joined) => joined.map_err(|e| Status::internal(format!("checkpoint task: {e}")))?,
+            Err(_) => {
+                let (containerd, paused) = (self.containerd.clone(), id.to_string());
+                tokio::spawn(async move {
+                    let _ = dump.await;
+                    if let Err(e) = containerd.resume_task(&paused).await {
+                        tracing::warn!(container = %paused, error = %e, "resuming a container after a timed-out checkpoint failed");
+                    }
+                });
+                return Err(Status::deadline_exceeded(format!(
+                    "checkpointing container {id} took over {timeout:?}; it is resumed when CRIU is done"
+                )));
+            }
+        };
+        let staged = match (&dumped, upper) {
+            (Ok(()), Some(upper)) => tokio::task::spawn_blocking(move || {
+                crate::checkpoint::stage_layer(&upper, &scratch)
+            })
+            .await
+            .map_err(internal)
+            .and_then(|r| {
+                r.map(Some).map_err(|e| {
+                    Status::internal(format!("taking the writable layer's changes: {e}"))
+                })
+            }),
+            _ => Ok(None),
+        };
         if let Err(e) = self.containerd.resume_task(id).await {
             tracing::warn!(container = id, error = %e, "resuming a checkpointed container failed");
         }
         match dumped {
-            Ok(Ok(())) => Ok(()),
+            Ok(()) => staged,
             // The staging dir goes away: CRIU's own reason is kept in the message.
-            Ok(Err(e)) => Err(Status::internal(format!(
+            Err(e) => Err(Status::internal(format!(
                 "CRIU could not checkpoint container {id}: {e}{}",
                 criu_error(&work.join("dump.log"))
                     .map(|line| format!("; CRIU's first error: {line}"))
                     .unwrap_or_default()
-            ))),
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "checkpointing container {id} took over {timeout:?}"
             ))),
         }
     }

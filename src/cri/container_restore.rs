@@ -3,13 +3,11 @@
 //! checkpoint's base image (marked with the `restored`, `checkpointedAt` and
 //! `checkpointImage` annotations), and its StartContainer replays the archive's
 //! writable-layer changes on the new container's layer and has the runtime restore the
-//! process from the CRIU images (containerd's task create with a checkpoint).
+//! process from the CRIU images (containerd's task create with runc's `CriuImagePath`, so
+//! containerd makes no copy of them).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use containerd_client::types::Descriptor;
 use tonic::Status;
 
 use crate::api::v1::ContainerConfig;
@@ -17,9 +15,6 @@ use crate::checkpoint::CheckpointError;
 use crate::server::CriService;
 use crate::store::Container;
 
-/// containerd's media type for CRIU images (a tar), which its task create unpacks.
-const CRIU_CHECKPOINT_MEDIA_TYPE: &str =
-    "application/vnd.containerd.container.criu.checkpoint.criu.tar";
 /// In a container's root dir: the archive unpacked for its restore.
 const RESTORE_DIR: &str = "restore";
 
@@ -47,20 +42,12 @@ impl CriService {
             .await
             .map_err(|e| Status::internal(format!("reading {image}: {e}")))?
             .map_err(|e| Status::invalid_argument(format!("not a checkpoint archive: {e}")))?;
-        let base = [
-            &dump.rootfs_image_name,
-            &dump.rootfs_image,
-            &dump.rootfs_image_ref,
-        ]
-        .into_iter()
-        .find(|name| !name.is_empty() && self.images.resolve(name).is_some())
-        .ok_or_else(|| {
+        let base = self.checkpoint_base_image(&dump).ok_or_else(|| {
             Status::not_found(format!(
-                "the image {:?} of checkpoint {image} is not pulled: pull it first",
-                dump.rootfs_image_name
+                "the image {:?} ({}) of checkpoint {image} is not pulled: pull it first",
+                dump.rootfs_image_name, dump.rootfs_image_ref
             ))
-        })?
-        .clone();
+        })?;
         config.annotations.extend([
             ("restored".to_string(), "true".to_string()),
             ("checkpointedAt".to_string(), dump.checkpointed_time.clone()),
@@ -73,25 +60,65 @@ impl CriService {
         Ok((base, Some(archive)))
     }
 
-    /// Before a restored container's task is made: the archive unpacked into its root dir,
-    /// its writable-layer changes replayed on the container's layer, and its CRIU images put
-    /// in containerd's content store (under a lease the caller drops once the task is
-    /// made). Returns the checkpoint to create the task from.
+    /// The checkpoint's base image by name, as long as the name still means the image
+    /// checkpointed (its ID); by ID otherwise.
+    fn checkpoint_base_image(
+        &self,
+        dump: &crate::checkpoint::ContainerConfigDump,
+    ) -> Option<String> {
+        let by_id = (!dump.rootfs_image_ref.is_empty())
+            .then(|| self.images.resolve(&dump.rootfs_image_ref))
+            .flatten();
+        for name in [&dump.rootfs_image_name, &dump.rootfs_image] {
+            if name.is_empty() {
+                continue;
+            }
+            if let Some(image) = self.images.resolve(name)
+                && by_id.as_ref().is_none_or(|wanted| wanted.id == image.id)
+            {
+                return Some(name.clone());
+            }
+        }
+        by_id.map(|image| image.id)
+    }
+
+    /// Before a restored container's task is made (and its rootfs mounted): the archive
+    /// unpacked into its root dir, its writable-layer changes replayed on the container's
+    /// layer (owners shifted into the pod's range when it has its own user namespace), and
+    /// the task options that have the runtime restore the process from the CRIU images.
+    /// The unpacked archive stays until [`Self::finish_restore`] (runc's Go shim restores
+    /// at start); on failure, nothing is left.
     pub(crate) async fn prepare_restore(
         &self,
         container: &Container,
         archive: &Path,
-    ) -> Result<(Descriptor, String), String> {
+    ) -> Result<prost_types::Any, String> {
         let id = container.id();
+        let runtime = self
+            .sandboxes
+            .get(&container.metadata.sandbox_id)
+            .ok()
+            .flatten()
+            .and_then(|s| self.config.runtime(&s.metadata().runtime_handler).cloned())
+            .ok_or_else(|| format!("the pod of container {id} has no runtime handler"))?;
         let upper = self
             .writable_layer(id)
             .await
             .ok_or_else(|| format!("container {id} has no writable layer to restore into"))?;
         let dest = self.container_root_dir(id).join(RESTORE_DIR);
-        let (archive, images_tar) = (archive.to_path_buf(), dest.join("images.tar"));
-        let unpack_dest = dest.clone();
-        let tar_path = images_tar.clone();
-        let (digest, size) = tokio::task::spawn_blocking(move || {
+        let images = dest.join(crate::checkpoint::CHECKPOINT_DIR);
+        let options =
+            super::sandbox_run::runc_options(&runtime, Some(&images)).ok_or_else(|| {
+                format!(
+                    "runtime {:?} cannot restore a checkpoint",
+                    runtime.runtime_type
+                )
+            })?;
+        let shift = self
+            .container_user_namespace(container)
+            .map(|pod| pod.mappings);
+        let (archive, unpack_dest) = (archive.to_path_buf(), dest.clone());
+        let unpacked = tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_dir_all(&unpack_dest);
             let unpacked = crate::checkpoint::unpack_for_restore(&archive, &unpack_dest)?;
             crate::checkpoint::apply_rootfs_diff(
@@ -99,71 +126,30 @@ impl CriService {
                 &unpacked.deleted,
                 &upper,
             )?;
-            crate::checkpoint::tar_with_digest(&unpacked.images, &tar_path)
+            if let Some(mappings) = shift {
+                super::container_rootfs::shift_owners(&upper, &mappings).map_err(|e| {
+                    CheckpointError::Invalid(format!("shifting the restored files: {e}"))
+                })?;
+            }
+            Ok::<_, CheckpointError>(())
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e: CheckpointError| format!("unpacking the checkpoint: {e}"))?;
-        let lease = format!("crius-restore-{id}");
-        self.containerd
-            .create_lease(&lease, Duration::from_secs(3600))
-            .await
-            .map_err(|e| e.to_string())?;
-        self.put_file_blob(&lease, &digest, size, &images_tar)
-            .await
-            .map_err(|e| format!("storing the CRIU images: {e}"))?;
-        let descriptor = Descriptor {
-            media_type: CRIU_CHECKPOINT_MEDIA_TYPE.to_string(),
-            digest,
-            size: size as i64,
-            annotations: HashMap::new(),
-        };
-        Ok((descriptor, lease))
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| format!("unpacking the checkpoint: {e}")));
+        if let Err(e) = unpacked {
+            self.finish_restore(id);
+            return Err(e);
+        }
+        Ok(options)
     }
 
-    /// After the restored task was made (or failed): its unpacked archive and lease go.
-    pub(crate) async fn finish_restore(&self, id: &str, lease: &str) {
-        if let Err(e) = self.containerd.delete_lease(lease, false).await {
-            tracing::warn!(%lease, error = %e, "deleting the restore lease failed; it expires by itself");
-        }
+    /// After the restored task started (or failed to): the unpacked archive goes.
+    pub(crate) fn finish_restore(&self, id: &str) {
         let dir = self.container_root_dir(id).join(RESTORE_DIR);
         if let Err(e) = std::fs::remove_dir_all(&dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {
             tracing::warn!(container = id, error = %e, "removing the unpacked checkpoint failed");
-        }
-    }
-
-    /// Streams a file into the content store as blob `digest`.
-    async fn put_file_blob(
-        &self,
-        lease: &str,
-        digest: &str,
-        size: u64,
-        path: &Path,
-    ) -> Result<(), String> {
-        let ingest = format!("crius-restore-{digest}");
-        let writer = self
-            .containerd
-            .open_writer(lease, &ingest, digest, size as i64)
-            .await
-            .map_err(|e| e.to_string())?;
-        match writer {
-            None => Ok(()),
-            Some(writer) if writer.is_complete() => writer
-                .commit(HashMap::new())
-                .await
-                .map_err(|e| e.to_string()),
-            Some(writer) => {
-                let file = tokio::fs::File::open(path)
-                    .await
-                    .map_err(|e| format!("open {}: {e}", path.display()))?;
-                let chunks = tokio_util::io::ReaderStream::new(file);
-                writer
-                    .write_all(chunks, HashMap::new(), |_| {})
-                    .await
-                    .map_err(|e| e.to_string())
-            }
         }
     }
 }

@@ -99,6 +99,25 @@ impl CriService {
             .io
             .start(log_path, self.config.log_line_limit())
             .map_err(|e| format!("opening the container's output: {e}"))?;
+        // A restore replays the checkpoint's layer changes before the rootfs is mounted.
+        let restore = match container.metadata.restore_from.as_str() {
+            "" => None,
+            archive => Some(self.prepare_restore(container, Path::new(archive)).await?),
+        };
+        let started = self.create_and_start_task(container, restore).await;
+        if !container.metadata.restore_from.is_empty() {
+            self.finish_restore(id);
+        }
+        started
+    }
+
+    /// Creates the task (restoring it with the given task options) and starts it.
+    async fn create_and_start_task(
+        &self,
+        container: &crate::store::Container,
+        options: Option<prost_types::Any>,
+    ) -> Result<u32, String> {
+        let id = container.id();
         let mounts = match self.container_user_namespace(container) {
             // In the pod's own user namespace: its idmapped rootfs or remapped copy.
             Some(pod) => self
@@ -113,24 +132,10 @@ impl CriService {
         };
         let stdio = container.io.fifos().paths();
         let tty = container.metadata.config.tty;
-        let restore = match container.metadata.restore_from.as_str() {
-            "" => None,
-            archive => Some(self.prepare_restore(container, Path::new(archive)).await?),
-        };
-        let created = self
-            .containerd
-            .create_task_from(
-                id,
-                mounts,
-                [&stdio[0], &stdio[1], &stdio[2]],
-                tty,
-                restore.as_ref().map(|(checkpoint, _)| checkpoint.clone()),
-            )
-            .await;
-        if let Some((_, lease)) = &restore {
-            self.finish_restore(id, lease).await;
-        }
-        created.map_err(|e| e.to_string())?;
+        self.containerd
+            .create_task_from(id, mounts, [&stdio[0], &stdio[1], &stdio[2]], tty, options)
+            .await
+            .map_err(|e| e.to_string())?;
         container.io.task_created();
         self.containerd
             .start_task(id, "")

@@ -532,10 +532,27 @@ impl CriService {
 
 /// The runc shim options of a runtime handler, for runc-type runtimes.
 pub(crate) fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::Any> {
+    runc_options(runtime, None)
+}
+
+/// The runc shim options of a runtime handler, for runc-type runtimes, with
+/// `restore_from` (CRIU's images) as the task's `CriuImagePath` when given: containerd and
+/// the shims restore a task created with it. crius's shim takes a `CriuImagePath` only
+/// from a restore, never from the handler's options.
+pub(crate) fn runc_options(
+    runtime: &RuntimeConfig,
+    restore_from: Option<&std::path::Path>,
+) -> Option<prost_types::Any> {
     if !crate::config::RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str()) {
         return None;
     }
     let o = &runtime.options;
+    let crius_shim = runtime.runtime_type == crate::config::CRIUS_SHIM;
+    let criu_image_path = match restore_from {
+        Some(images) => images.display().to_string(),
+        None if crius_shim => String::new(),
+        None => o.criu_image_path.clone(),
+    };
     let options = crate::protos::runc::Options {
         no_pivot_root: o.no_pivot_root,
         no_new_keyring: o.no_new_keyring,
@@ -545,8 +562,12 @@ pub(crate) fn runtime_options(runtime: &RuntimeConfig) -> Option<prost_types::An
         binary_name: o.binary_name.clone(),
         root: o.root.clone(),
         systemd_cgroup: o.systemd_cgroup,
-        criu_image_path: o.criu_image_path.clone(),
-        criu_work_path: o.criu_work_path.clone(),
+        criu_image_path,
+        criu_work_path: if crius_shim {
+            String::new()
+        } else {
+            o.criu_work_path.clone()
+        },
     };
     Some(containerd_client::to_any(&options))
 }

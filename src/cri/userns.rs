@@ -26,6 +26,8 @@ pub(crate) struct PodUserns {
 
 /// Under the state dir: the idmapped rootfs of each sandbox and container of such pods.
 const IDMAPPED_ROOTFS_DIR: &str = "rootfs";
+/// Under the state dir: idmapped image layers, only while an overlay is being mounted.
+const LAYER_STAGING_DIR: &str = "l";
 /// In a sandbox's state dir: its pinned user namespace.
 const USERNS_PIN: &str = "userns";
 
@@ -131,11 +133,19 @@ impl CriService {
             return Ok(mounts);
         }
         let target = self.idmapped_rootfs_dir(id);
+        // Short: every layer's path goes into one mount(2) option page.
+        let layers = self
+            .config
+            .state
+            .join(LAYER_STAGING_DIR)
+            .join(format!("{:08x}", rand::random::<u32>()));
         let userns = pod.pin.clone();
-        tokio::task::spawn_blocking(move || mount_idmapped(&mounts, &target, &userns, host_root))
-            .await
-            .map_err(|e| Status::internal(format!("mounting the rootfs of {id}: {e}")))?
-            .map_err(|e| Status::internal(format!("mounting the idmapped rootfs of {id}: {e}")))?;
+        tokio::task::spawn_blocking(move || {
+            mount_idmapped(&mounts, &target, &layers, &userns, host_root)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("mounting the rootfs of {id}: {e}")))?
+        .map_err(|e| Status::internal(format!("mounting the idmapped rootfs of {id}: {e}")))?;
         Ok(Vec::new())
     }
 
@@ -178,6 +188,12 @@ impl CriService {
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
         if exists {
+            // Under the caller's lease before the lock goes: the last pod of the range may
+            // be removed meanwhile, and garbage collection would take the copy.
+            self.containerd
+                .lease_snapshot(lease, snapshotter, &name)
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
             return Ok(name);
         }
         tracing::info!(snapshot = %name, "making a copy of an image remapped to a pod's range");
@@ -230,15 +246,11 @@ impl CriService {
     /// Unmounts and removes the idmapped rootfs and mounts of `id`; none is fine.
     pub(crate) fn unmount_idmapped_rootfs(&self, id: &str) {
         let target = self.idmapped_rootfs_dir(id);
-        for staging in [
-            target.with_extension("layers"),
-            target.with_extension("mounts"),
-        ] {
-            if staging.exists()
-                && let Err(e) = remove_staged_mounts(&staging)
-            {
-                tracing::warn!(id, error = %e, "removing idmapped mounts failed");
-            }
+        let staging = target.with_extension("mounts");
+        if staging.exists()
+            && let Err(e) = remove_staged_mounts(&staging)
+        {
+            tracing::warn!(id, error = %e, "removing idmapped mounts failed");
         }
         if !target.exists() {
             return;
@@ -253,6 +265,14 @@ impl CriService {
     /// Start-up: unmounts the idmapped rootfs and mounts of every sandbox or container not
     /// in `known`.
     pub(crate) fn remove_stray_idmapped_rootfs(&self, known: &dyn Fn(&str) -> bool) {
+        // Layers staged by a mount that a crash cut short.
+        if let Ok(entries) = std::fs::read_dir(self.config.state.join(LAYER_STAGING_DIR)) {
+            for entry in entries.flatten() {
+                if let Err(e) = remove_staged_mounts(&entry.path()) {
+                    tracing::warn!(error = %e, "removing stray idmapped layers failed");
+                }
+            }
+        }
         let Ok(entries) = std::fs::read_dir(self.config.state.join(IDMAPPED_ROOTFS_DIR)) else {
             return;
         };
@@ -329,8 +349,7 @@ impl CriService {
                 .try_for_each(|(source, staged)| stage_idmapped_bind(source, staged, &userns))
         })
         .await
-        .map_err(|e| Status::internal(format!("idmapping the mounts of {id}: {e}")))?
-        .map_err(|e| Status::invalid_argument(format!("idmapping a mount of {id}: {e}")))?;
+        .map_err(|e| Status::internal(format!("idmapping the mounts of {id}: {e}")))??;
         Ok(Some(config))
     }
 
@@ -360,6 +379,7 @@ impl CriService {
 fn mount_idmapped(
     mounts: &[containerd_client::types::Mount],
     target: &Path,
+    layers: &Path,
     userns: &Path,
     host_root: (u32, u32),
 ) -> Result<(), String> {
@@ -374,16 +394,17 @@ fn mount_idmapped(
     // The runtime resolves the rootfs inside the user namespace: it must be able to pass.
     std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))
         .map_err(|e| format!("chmod {}: {e}", parent.display()))?;
-    let layers = target.with_extension("layers");
     let mounted = match mount.r#type.as_str() {
-        "overlay" => mount_overlay_with_idmapped_layers(mount, target, &layers, userns, host_root),
+        "overlay" => mount_overlay_with_idmapped_layers(mount, target, layers, userns, host_root),
         // An image without layers: its one directory, given to the pod's root.
         "bind" => give_to(Path::new(&mount.source), host_root)
             .and_then(|()| crate::mount::mount_all(mounts, target).map_err(|e| e.to_string())),
         other => Err(format!("a {other:?} rootfs cannot be idmapped")),
     };
-    if layers.exists() {
-        let _ = remove_staged_mounts(&layers);
+    if layers.exists()
+        && let Err(e) = remove_staged_mounts(layers)
+    {
+        tracing::warn!(error = %e, "removing the staged idmapped layers failed");
     }
     mounted
 }
@@ -427,9 +448,17 @@ fn mount_overlay_with_idmapped_layers(
 fn remove_staged_mounts(dir: &Path) -> Result<(), String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
-        crate::mount::unmount_all(&entry.path()).map_err(|e| e.to_string())?;
+        let path = entry.path();
+        crate::mount::unmount_all(&path).map_err(|e| e.to_string())?;
+        // Never a recursive removal: what is still mounted there may be a host volume.
+        if crate::mount::is_mount_point(&path).unwrap_or(true) {
+            return Err(format!("{} is still mounted", path.display()));
+        }
+        std::fs::remove_dir(&path)
+            .or_else(|_| std::fs::remove_file(&path))
+            .map_err(|e| format!("remove {}: {e}", path.display()))?;
     }
-    std::fs::remove_dir_all(dir).map_err(|e| format!("remove {}: {e}", dir.display()))
+    std::fs::remove_dir(dir).map_err(|e| format!("remove {}: {e}", dir.display()))
 }
 
 /// Whether a mount's mappings are exactly the pod's.
@@ -444,23 +473,29 @@ fn mount_mappings_are(mount: &crate::api::v1::Mount, mappings: &Mappings) -> boo
 
 /// An idmapped bind of `source` (a directory with what is mounted below it, or a file) on
 /// `staged`, which is made to match.
-fn stage_idmapped_bind(source: &Path, staged: &Path, userns: &Path) -> Result<(), String> {
-    let source = std::fs::canonicalize(source)
-        .map_err(|e| format!("mount host path {}: {e}", source.display()))?;
+fn stage_idmapped_bind(source: &Path, staged: &Path, userns: &Path) -> Result<(), Status> {
+    let source = std::fs::canonicalize(source).map_err(|e| {
+        Status::invalid_argument(format!("mount host path {}: {e}", source.display()))
+    })?;
+    let internal = |what: String| Status::internal(what);
     let parent = staged.parent().unwrap_or(staged);
-    std::fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
+    std::fs::create_dir_all(parent)
+        .map_err(|e| internal(format!("create {}: {e}", parent.display())))?;
     std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))
-        .map_err(|e| format!("chmod {}: {e}", parent.display()))?;
+        .map_err(|e| internal(format!("chmod {}: {e}", parent.display())))?;
     if source.is_dir() {
         std::fs::create_dir_all(staged)
     } else {
         std::fs::File::create(staged).map(drop)
     }
-    .map_err(|e| format!("create {}: {e}", staged.display()))?;
+    .map_err(|e| internal(format!("create {}: {e}", staged.display())))?;
     // Submounts that cannot be idmapped fail the recursive form: then the mount alone.
     crate::idmap::bind(&source, staged, userns, true)
-        .or_else(|_| crate::idmap::bind(&source, staged, userns, false))
-        .map_err(|e| e.to_string())
+        .or_else(|e| {
+            tracing::warn!(error = %e, "idmapping a volume without what is mounted below it");
+            crate::idmap::bind(&source, staged, userns, false)
+        })
+        .map_err(|e| Status::failed_precondition(format!("the host cannot idmap this volume: {e}")))
 }
 
 /// Gives a directory (itself, not what is in it) to the pod's root.

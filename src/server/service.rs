@@ -299,11 +299,16 @@ fn has_effective_capability(cap: u32) -> bool {
         .is_some_and(|mask| mask & (1 << cap) != 0)
 }
 
-/// Checks once whether the host can idmap mounts (for pods in their own user namespace).
+/// Checks once whether the host can idmap mounts (for pods in their own user namespace):
+/// the image layers (the snapshotter's filesystem) and overlayfs over idmapped layers.
 async fn probe_host_idmap(config: &Config) -> Result<(), String> {
-    let (root, state) = (config.root.clone(), config.state.clone());
+    let (layers, root) = (config.image_fs_path(), config.root.clone());
     tokio::task::spawn_blocking(move || {
-        crate::idmap::probe_host(&[root.as_path(), state.as_path()], &root)
+        let dirs: Vec<&std::path::Path> = [layers.as_path(), root.as_path()]
+            .into_iter()
+            .filter(|d| d.is_dir())
+            .collect();
+        crate::idmap::probe_host(&dirs, &root)
     })
     .await
     .unwrap_or_else(|e| Err(e.to_string()))
