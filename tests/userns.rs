@@ -355,3 +355,68 @@ async fn volumes_the_image_declares_are_owned_by_the_pods_range() {
     assert_eq!(out, "65534:65534\n0:0\nseeded by the image\n", "{err}");
     pod.remove_pod().await;
 }
+
+/// A runc that makes idmapped mounts itself (1.2 or later, `features` says so) gets the
+/// pod's volumes as mounts with ID mappings instead of crius's staged ones. Runs where
+/// `CRIUS_TEST_IDMAP_RUNC` names such a runc: bookworm has none, so the test bed does not.
+#[tokio::test]
+async fn a_runtime_that_idmaps_mounts_gets_the_volumes_mappings() {
+    let Ok(runc) = std::env::var("CRIUS_TEST_IDMAP_RUNC") else {
+        eprintln!("CRIUS_TEST_IDMAP_RUNC is not set: no runc of 1.2 or later to test with");
+        return;
+    };
+    let mut network = None;
+    let crius = Crius::start_with(
+        |c| {
+            network = Some(TestNetwork::install(c, 154));
+            let mut idmapping = c.containerd.runtimes["runc"].clone();
+            idmapping.options.binary_name = runc;
+            c.containerd.runtimes.insert("idmapping".into(), idmapping);
+        },
+        &[],
+    )
+    .await;
+    let config = userns_pod_config("userns-runc12", own_userns());
+    let mut pod = pod_on(&crius, config, "idmapping").await;
+    let host = tempfile::tempdir().expect("tempdir");
+    let pod_range = vec![mapping(0, HOST_ROOT, RANGE)];
+    let mut config = container("c", "busybox:latest", &["sleep", "1000"]);
+    config.mounts.push(Mount {
+        host_path: host.path().display().to_string(),
+        container_path: "/volume".to_string(),
+        uid_mappings: pod_range.clone(),
+        gid_mappings: pod_range,
+        ..Default::default()
+    });
+    let id = pod.run(config).await;
+    let (out, err, _) = pod
+        .exec(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "id -u; stat -c %u:%g / /volume; touch /volume/z && echo ok",
+            ],
+            10,
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out, "0\n0:0\n0:0\nok\n", "{err}");
+    let (_, info) = pod.status(&id).await;
+    let volume = info["runtimeSpec"]["mounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["destination"] == "/volume"))
+        .cloned()
+        .expect("the volume's mount");
+    assert_eq!(volume["uidMappings"][0]["hostID"], HOST_ROOT, "{volume}");
+    assert!(
+        !crius
+            .config
+            .state
+            .join("rootfs")
+            .join(format!("{id}.mounts"))
+            .exists(),
+        "crius staged a mount the runtime makes"
+    );
+    pod.remove_pod().await;
+}

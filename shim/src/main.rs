@@ -10,6 +10,7 @@ mod delete;
 mod error;
 mod events;
 mod exec;
+mod info;
 mod oom;
 mod process;
 mod reaper;
@@ -32,6 +33,13 @@ fn main() {
     };
     if flags.version {
         println!("containerd-shim-crius-v2 {}", service::VERSION);
+        return;
+    }
+    if flags.info {
+        if let Err(e) = info::run() {
+            eprintln!("containerd-shim-crius-v2: {e}");
+            std::process::exit(1);
+        }
         return;
     }
     let result = match flags.action.as_str() {

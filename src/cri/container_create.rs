@@ -49,6 +49,18 @@ impl CriService {
         }
     }
 
+    /// Whether the OCI runtime of `handler` makes idmapped mounts itself (`features`).
+    fn handler_idmaps(&self, handler: &str) -> bool {
+        let handler = if handler.is_empty() {
+            self.config.containerd.default_runtime.as_str()
+        } else {
+            handler
+        };
+        self.handler_features
+            .get(handler)
+            .is_some_and(|f| f.idmap_mounts)
+    }
+
     /// Refuses what the pod's OCI runtime cannot do, rather than let it be silently ignored.
     fn check_runtime_supports(
         &self,
@@ -271,8 +283,9 @@ impl CriService {
                         service.unmount_idmapped_rootfs(&id);
                     });
                 }
+                let runtime_idmaps = self.handler_idmaps(&sandbox_meta.runtime_handler);
                 let idmapped_config = self
-                    .idmap_cri_mounts(&id, &config, pod_userns.as_ref())
+                    .idmap_cri_mounts(&id, &config, pod_userns.as_ref(), runtime_idmaps)
                     .await?;
                 let spec = container_spec(&ContainerSpecInput {
                     id: &id,

@@ -287,15 +287,17 @@ impl CriService {
     }
 
     /// The container config its spec is built from. CRI mounts that carry ID mappings
-    /// (kubelet gives every mount of a pod in its own user namespace the pod's) are bound
-    /// from idmapped mounts crius makes under the state dir, so the runtime needs no idmap
-    /// support; mappings other than the pod's, or on a pod without its own user namespace,
-    /// are refused. `None`: no mount carries mappings.
+    /// (kubelet gives every mount of a pod in its own user namespace the pod's) are left to
+    /// a runtime that makes idmapped mounts itself (`runtime_idmaps`: runc 1.2 and later);
+    /// for any other they are bound from idmapped mounts crius makes under the state dir.
+    /// Mappings other than the pod's, or on a pod without its own user namespace, are
+    /// refused. `None`: the config as it is.
     pub(crate) async fn idmap_cri_mounts(
         &self,
         id: &str,
         config: &ContainerConfig,
         pod_userns: Option<&PodUserns>,
+        runtime_idmaps: bool,
     ) -> Result<Option<ContainerConfig>, Status> {
         let mapped =
             |m: &crate::api::v1::Mount| !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty();
@@ -312,6 +314,19 @@ impl CriService {
                 "a mount carries ID mappings, but the pod has no user namespace of its own",
             ));
         };
+        if let Some(mount) = config
+            .mounts
+            .iter()
+            .find(|m| mapped(m) && !mount_mappings_are(m, mappings))
+        {
+            return Err(Status::invalid_argument(format!(
+                "mount {:?}: crius idmaps mounts only with the pod's own mappings",
+                mount.container_path
+            )));
+        }
+        if runtime_idmaps && self.host_idmap.is_ok() {
+            return Ok(None);
+        }
         let mut config = config.clone();
         if self.host_idmap.is_err() {
             // Remapped copies on a host without idmapped mounts: volumes are bound as they

@@ -178,12 +178,33 @@ fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, SpecError> {
                 }
                 options.push("rro");
             }
-            mount(
+            let mut oci = mount(
                 &m.container_path,
                 "bind",
                 &source.display().to_string(),
                 &options,
-            )
+            )?;
+            // Left to a runtime that idmaps mounts itself (crius stages them for others).
+            if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
+                oci.set_uid_mappings(Some(id_mappings(&m.uid_mappings)?));
+                oci.set_gid_mappings(Some(id_mappings(&m.gid_mappings)?));
+            }
+            Ok(oci)
+        })
+        .collect()
+}
+
+fn id_mappings(
+    ranges: &[crate::api::v1::IdMapping],
+) -> Result<Vec<oci_spec::runtime::LinuxIdMapping>, SpecError> {
+    ranges
+        .iter()
+        .map(|r| {
+            Ok(oci_spec::runtime::LinuxIdMappingBuilder::default()
+                .container_id(r.container_id)
+                .host_id(r.host_id)
+                .size(r.length)
+                .build()?)
         })
         .collect()
 }
