@@ -277,3 +277,43 @@ async fn containerds_go_shim_stays_a_handler() {
     assert_eq!(status.state, ContainerState::ContainerRunning as i32);
     pod.remove_pod().await;
 }
+
+/// containerd 2.x asks `-info` before it checks a spec against the runtime's features
+/// (idmapped mounts): the shim's name, and the OCI runtime's `features` when it answers.
+#[test]
+fn info_reports_the_runtimes_features() {
+    let info = |options: Option<prost_types::Any>| {
+        let mut child = std::process::Command::new(CRIUS_SHIM)
+            .arg("-info")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the shim");
+        let input = options
+            .map(|o| prost::Message::encode_to_vec(&o))
+            .unwrap_or_default();
+        std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), &input).expect("write");
+        drop(child.stdin.take());
+        let out = child.wait_with_output().expect("info");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let runc = info(None);
+    assert!(runc.contains("io.containerd.crius.v2"), "{runc:?}");
+    assert!(
+        runc.contains("runtime-spec/1/features/Features"),
+        "{runc:?}"
+    );
+    assert!(runc.contains("ociVersionMin"), "{runc:?}");
+
+    let missing = crius::protos::runc::Options {
+        binary_name: "/nonexistent/crius-test-runtime".into(),
+        ..Default::default()
+    };
+    let none = info(Some(prost_types::Any {
+        type_url: "containerd.runc.v1.Options".into(),
+        value: prost::Message::encode_to_vec(&missing),
+    }));
+    assert!(none.contains("io.containerd.crius.v2"), "{none:?}");
+    assert!(!none.contains("features/Features"), "{none:?}");
+}

@@ -86,17 +86,3 @@ fn runtime_features(binary: &str) -> Option<Vec<u8>> {
     let out = reader.join().ok()?;
     (status.success() && !out.is_empty()).then_some(out)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_runtimes_features_or_nothing() {
-        assert_eq!(runtime_features("/nonexistent/crius-test-runtime"), None);
-        // `true` answers nothing: no features rather than empty ones.
-        assert_eq!(runtime_features("true"), None);
-        let sh = runtime_features("echo");
-        assert_eq!(sh.as_deref(), Some(&b"features\n"[..]));
-    }
-}
