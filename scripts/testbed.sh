@@ -441,6 +441,11 @@ down() {
   stop_pidfile "$CTRD2_DIR/pid"
   stop_pidfile "$TB/registry/pid"
   stop_pidfile "$TB/auth-registry/pid"
+  # Ones an interrupted or repeated `up` left without a pid file.
+  pkill -f "containerd --config $CTRD_DIR/config.toml" 2>/dev/null || true
+  pkill -f "containerd --config $CTRD2_DIR/config.toml" 2>/dev/null || true
+  pkill -f "docker-registry serve $TB/" 2>/dev/null || true
+  sleep 0.5
   # Snapshot and shm mounts below the test bed would keep its files busy.
   local m
   for m in $(awk -v tb="$TB/" 'index($2, tb) == 1 {print $2}' /proc/mounts | sort -r); do
