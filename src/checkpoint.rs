@@ -74,10 +74,19 @@ pub async fn probe_criu() -> Result<(), String> {
 
 /// The first error CRIU printed (the root cause; later lines follow from it).
 fn criu_check_reason(output: &str, status: std::process::ExitStatus) -> String {
-    match output.lines().find(|l| l.starts_with("Error")) {
-        Some(line) => format!("`criu check` failed: {}", line.trim()),
+    match first_criu_error(output) {
+        Some(line) => format!("`criu check` failed: {line}"),
         None => format!("`criu check` failed ({status})"),
     }
+}
+
+/// The first error line of CRIU's output or log (up to 512 characters): the root cause,
+/// the later ones follow from it.
+pub fn first_criu_error(text: &str) -> Option<String> {
+    // `criu check` starts its lines with it; a log puts a timestamp first.
+    text.lines()
+        .find_map(|l| l.find("Error (").map(|at| &l[at..]))
+        .map(|l| l.trim().chars().take(512).collect())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -192,11 +201,8 @@ fn write_archive_to(path: &Path, parts: &ArchiveParts<'_>) -> Result<(), Checkpo
         .map_err(io(format!("create {}", path.display())))?;
     let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
     tar.follow_symlinks(false);
-    tar.append_dir_all(CHECKPOINT_DIR, parts.images)
-        .map_err(io("archive the CRIU images"))?;
-    for name in CRIU_WORK_FILES {
-        append_file_exact(&mut tar, &parts.work.join(name), name)?;
-    }
+    // The small descriptions first: a restore reads config.dump without going through the
+    // images.
     let config = serde_json::to_vec(parts.config_dump)
         .map_err(|e| CheckpointError::Invalid(format!("config.dump: {e}")))?;
     for (name, data) in [
@@ -205,6 +211,11 @@ fn write_archive_to(path: &Path, parts: &ArchiveParts<'_>) -> Result<(), Checkpo
         (STATUS_DUMP, parts.status_dump),
     ] {
         append_bytes(&mut tar, name, data)?;
+    }
+    tar.append_dir_all(CHECKPOINT_DIR, parts.images)
+        .map_err(io("archive the CRIU images"))?;
+    for name in CRIU_WORK_FILES {
+        append_file_exact(&mut tar, &parts.work.join(name), name)?;
     }
     if let Some(log) = parts.log {
         append_file_exact(&mut tar, log, CONTAINER_LOG)?;
@@ -831,6 +842,11 @@ mod tests {
             "`criu check` failed: Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds"
         );
         assert!(criu_check_reason("", std::process::ExitStatus::from_raw(256)).contains("exit"));
+        let log = "(00.001) Warn: x\n(00.002) Error (criu/cr-dump.c:1): dump failed\n";
+        assert_eq!(
+            first_criu_error(log).as_deref(),
+            Some("Error (criu/cr-dump.c:1): dump failed")
+        );
     }
 }
 

@@ -124,19 +124,7 @@ pub fn probe(dir: &Path) -> Result<(), IdmapError> {
         op,
         errno,
     };
-    let range = crate::userns::IdRange {
-        container_id: 0,
-        host_id: 65536,
-        size: 65536,
-    };
-    let holder = crate::userns::Holder::spawn(
-        &crate::userns::Mappings {
-            uids: range,
-            gids: range,
-        },
-        false,
-    )
-    .map_err(|e| {
+    let holder = crate::userns::Holder::throwaway().map_err(|e| {
         tracing::debug!(error = %e, "no throwaway user namespace");
         failed("make a user namespace", Errno::EPERM)
     })?;
@@ -166,19 +154,7 @@ fn probe_overlay(base: &Path) -> Result<(), String> {
     for dir in &dirs {
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     }
-    let range = crate::userns::IdRange {
-        container_id: 0,
-        host_id: 65536,
-        size: 65536,
-    };
-    let holder = crate::userns::Holder::spawn(
-        &crate::userns::Mappings {
-            uids: range,
-            gids: range,
-        },
-        false,
-    )
-    .map_err(|e| e.to_string())?;
+    let holder = crate::userns::Holder::throwaway().map_err(|e| e.to_string())?;
     bind(&dirs[0], &dirs[1], &holder.ns_path("user"), false).map_err(|e| e.to_string())?;
     let data = format!(
         "lowerdir={},upperdir={},workdir={}",

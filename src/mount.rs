@@ -173,6 +173,20 @@ pub fn unmount_all(target: &Path) -> Result<(), MountError> {
     Ok(())
 }
 
+/// Unmounts a file pinned by a bind mount (a namespace) and removes it; a missing one is
+/// fine. On failure, what failed ("unmount" or "remove") and why.
+pub fn unpin(path: &Path) -> Result<(), (&'static str, String)> {
+    match nix::mount::umount2(path, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => {}
+        Err(e) => return Err(("unmount", e.to_string())),
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(("remove", e.to_string())),
+    }
+}
+
 /// Whether `path` is a mount point (its device differs from its parent's, or it is bound
 /// on itself as the mount table says).
 pub fn is_mount_point(path: &Path) -> std::io::Result<bool> {

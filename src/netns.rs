@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use nix::mount::{MntFlags, MsFlags};
+use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 
 /// Where pinned network namespaces live (iproute2's directory).
@@ -89,15 +89,7 @@ pub async fn remove(path: &Path) -> Result<(), NetnsError> {
 }
 
 fn remove_blocking(path: &Path) -> Result<(), NetnsError> {
-    match nix::mount::umount2(path, MntFlags::MNT_DETACH) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
-        Err(e) => return Err(fail(path, "unmount", e)),
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(fail(path, "remove", e)),
-    }
+    crate::mount::unpin(path).map_err(|(op, e)| fail(path, op, e))
 }
 
 /// Whether `path` is a pinned namespace (a mounted nsfs file).

@@ -189,6 +189,22 @@ impl Holder {
         }
     }
 
+    /// A user namespace with some mappings, for checks that need one (blocking).
+    pub fn throwaway() -> Result<Holder, UsernsError> {
+        let range = IdRange {
+            container_id: 0,
+            host_id: 65536,
+            size: 65536,
+        };
+        Holder::spawn(
+            &Mappings {
+                uids: range,
+                gids: range,
+            },
+            false,
+        )
+    }
+
     /// `/proc/<child>/ns/<kind>`.
     pub fn ns_path(&self, kind: &str) -> PathBuf {
         PathBuf::from(format!("/proc/{}/ns/{kind}", self.pid))
@@ -289,20 +305,7 @@ fn child_main(flags: libc::c_int, ready: i32, release: i32, parent_ends: [i32; 2
 
 /// Whether this process can make a user namespace with mappings (blocking).
 pub fn probe() -> Result<(), String> {
-    let range = IdRange {
-        container_id: 0,
-        host_id: 65536,
-        size: 65536,
-    };
-    Holder::spawn(
-        &Mappings {
-            uids: range,
-            gids: range,
-        },
-        false,
-    )
-    .map(drop)
-    .map_err(|e| e.to_string())
+    Holder::throwaway().map(drop).map_err(|e| e.to_string())
 }
 
 /// Makes a pod's user namespace with `mappings`, pinned at `userns_pin`, and, for a pod
@@ -329,15 +332,7 @@ pub async fn create_pod_namespaces(
 
 /// Unmounts and removes a pinned namespace; a missing one is fine.
 pub fn unpin(path: &Path) -> Result<(), UsernsError> {
-    match nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
-        Err(e) => return Err(fail(format!("unmount {}", path.display()), e)),
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(fail(format!("remove {}", path.display()), e)),
-    }
+    crate::mount::unpin(path).map_err(|(op, e)| fail(format!("{op} {}", path.display()), e))
 }
 
 #[cfg(test)]

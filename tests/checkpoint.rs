@@ -21,6 +21,23 @@ fn criu_works() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// crius with a `criu` first on its PATH that only passes `criu check`: the runtime under
+/// containerd still runs the real one. Keep the dir while crius runs.
+async fn crius_whose_criu_check_passes() -> (Crius, tempfile::TempDir) {
+    let fake = tempfile::tempdir().expect("tempdir");
+    let criu = fake.path().join("criu");
+    std::fs::write(&criu, "#!/bin/sh\nexit 0\n").expect("fake criu");
+    std::fs::set_permissions(&criu, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        fake.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let crius = Crius::start_with(|_| {}, &[("PATH", path.as_str())]).await;
+    (crius, fake)
+}
+
 fn request(id: &str, location: &str) -> CheckpointContainerRequest {
     CheckpointContainerRequest {
         container_id: id.to_string(),
@@ -148,17 +165,7 @@ async fn bad_checkpoint_requests_are_refused() {
 async fn a_dump_that_fails_leaves_the_container_running() {
     // crius's own check passes (a `criu` that only says yes comes first on its PATH); the
     // runtime under containerd runs the real one, which fails here at dump time.
-    let fake = tempfile::tempdir().expect("tempdir");
-    let criu = fake.path().join("criu");
-    std::fs::write(&criu, "#!/bin/sh\nexit 0\n").expect("fake criu");
-    std::fs::set_permissions(&criu, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    let path = format!(
-        "{}:{}",
-        fake.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let crius = Crius::start_with(|_| {}, &[("PATH", path.as_str())]).await;
+    let (crius, _fake_criu) = crius_whose_criu_check_passes().await;
     let mut pod = pod(&crius, "checkpoint-fails").await;
     let id = pod
         .run(container("c", "busybox:latest", &["sleep", "1000"]))
@@ -237,17 +244,7 @@ fn fake_archive(dir: &std::path::Path, image: &str) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn a_container_is_restored_from_an_archive_onto_its_base_image() {
-    let fake = tempfile::tempdir().expect("tempdir");
-    let criu = fake.path().join("criu");
-    std::fs::write(&criu, "#!/bin/sh\nexit 0\n").expect("fake criu");
-    std::fs::set_permissions(&criu, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    let path = format!(
-        "{}:{}",
-        fake.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let crius = Crius::start_with(|_| {}, &[("PATH", path.as_str())]).await;
+    let (crius, _fake_criu) = crius_whose_criu_check_passes().await;
     let mut pod = pod(&crius, "restore").await;
     let image = common::pod::image("busybox:latest");
     let dir = tempfile::tempdir().expect("tempdir");

@@ -52,6 +52,20 @@ fn userns_pod_config(name: &str, options: NamespaceOption) -> PodSandboxConfig {
     config
 }
 
+/// A pod on the host's network in its own user namespace.
+fn host_network_userns_pod_config(name: &str) -> PodSandboxConfig {
+    let mut config = common::pod::host_network_pod_config(name);
+    config
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = own_userns().userns_options;
+    config
+}
+
 fn own_userns() -> NamespaceOption {
     userns_options(NamespaceMode::Pod, vec![mapping(0, HOST_ROOT, RANGE)])
 }
@@ -299,14 +313,7 @@ async fn mappings_the_cri_forbids_are_invalid_arguments_and_leave_nothing() {
 #[tokio::test]
 async fn a_host_network_pod_can_have_its_own_user_namespace() {
     let crius = Crius::start().await;
-    let mut config = common::pod::host_network_pod_config("userns-hostnet");
-    let linux = config.linux.get_or_insert_with(Default::default);
-    let options = linux
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options
-        .get_or_insert_with(Default::default);
-    options.userns_options = own_userns().userns_options;
+    let config = host_network_userns_pod_config("userns-hostnet");
     let mut pod = pod_with(&crius, config).await;
     let id = pod
         .run(container("c", "busybox:latest", &["sleep", "1000"]))
@@ -328,15 +335,7 @@ async fn a_host_network_pod_can_have_its_own_user_namespace() {
 #[tokio::test]
 async fn volumes_the_image_declares_are_owned_by_the_pods_range() {
     let crius = Crius::start().await;
-    let mut config = common::pod::host_network_pod_config("userns-volumes");
-    let options = config
-        .linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options
-        .get_or_insert_with(Default::default);
-    options.userns_options = own_userns().userns_options;
+    let config = host_network_userns_pod_config("userns-volumes");
     let mut pod = pod_with(&crius, config).await;
     pod.pull("declared-volumes:latest").await;
     let id = pod

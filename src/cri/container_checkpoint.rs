@@ -279,10 +279,7 @@ fn criu_error(log: &Path) -> Option<String> {
         .take(1024 * 1024)
         .read_to_end(&mut text)
         .ok()?;
-    String::from_utf8_lossy(&text)
-        .lines()
-        .find(|l| l.contains("Error"))
-        .map(|l| l.trim().chars().take(512).collect())
+    crate::checkpoint::first_criu_error(&String::from_utf8_lossy(&text))
 }
 
 /// CRIU's work dir is the staging dir, the parent of its images.

@@ -15,6 +15,9 @@ use crate::checkpoint::CheckpointError;
 use crate::server::CriService;
 use crate::store::Container;
 
+/// How long CreateContainer looks through an archive for its `config.dump` (crius writes it
+/// first; other tools after the CRIU images).
+const ARCHIVE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// In a container's root dir: the archive unpacked for its restore.
 const RESTORE_DIR: &str = "restore";
 
@@ -38,8 +41,14 @@ impl CriService {
             )));
         }
         let path = archive.clone();
-        let dump = tokio::task::spawn_blocking(move || crate::checkpoint::read_config_dump(&path))
+        let read = tokio::task::spawn_blocking(move || crate::checkpoint::read_config_dump(&path));
+        let dump = tokio::time::timeout(ARCHIVE_READ_TIMEOUT, read)
             .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "{image}: no config.dump found within {ARCHIVE_READ_TIMEOUT:?}"
+                ))
+            })?
             .map_err(|e| Status::internal(format!("reading {image}: {e}")))?
             .map_err(|e| Status::invalid_argument(format!("not a checkpoint archive: {e}")))?;
         let base = self.checkpoint_base_image(&dump).ok_or_else(|| {

@@ -55,8 +55,9 @@ pub async fn pod_with(crius: &Crius, config: PodSandboxConfig) -> Pod {
     pod_on(crius, config, "").await
 }
 
-/// Pulls a test image (`busybox:latest`, ...) from the test bed's registry.
-pub async fn pull(client: &mut CriClient, name: &str) {
+/// Pulls a test image (`busybox:latest`, ...) from the test bed's registry; returns its
+/// image ref.
+pub async fn pull(client: &mut CriClient, name: &str) -> String {
     client
         .image
         .pull_image(PullImageRequest {
@@ -67,7 +68,9 @@ pub async fn pull(client: &mut CriClient, name: &str) {
             ..Default::default()
         })
         .await
-        .unwrap_or_else(|e| panic!("pull {name}: {e}"));
+        .unwrap_or_else(|e| panic!("pull {name}: {e}"))
+        .into_inner()
+        .image_ref
 }
 
 /// A running pod made from `config` on runtime handler `handler`.
@@ -127,19 +130,7 @@ pub fn container(name: &str, img: &str, command: &[&str]) -> ContainerConfig {
 impl Pod {
     /// Pulls a test bed image by its short name (`busybox:latest`); returns its image ref.
     pub async fn pull(&mut self, name: &str) -> String {
-        self.client
-            .image
-            .pull_image(PullImageRequest {
-                image: Some(ImageSpec {
-                    image: image(name),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("pull {name}: {e}"))
-            .into_inner()
-            .image_ref
+        pull(&mut self.client, name).await
     }
 
     pub async fn create(&mut self, config: ContainerConfig) -> Result<String, tonic::Status> {
