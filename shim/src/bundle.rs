@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use containerd_shim_protos::api::Mount;
 
 use crate::error::ShimError;
+use crate::pod::{Pod, SHM};
 use crate::runc::Runc;
 
 /// The file in the bundle naming the runtime, for the `delete` action.
@@ -59,4 +60,58 @@ pub fn unmount_rootfs(target: &Path) {
     if let Err(e) = containerd_shim::mount::umount_recursive(Some(path), 0) {
         log::warn!("unmount {path}: {e}");
     }
+}
+
+/// The annotation naming a container's pod (containerd's CRI and crius set it).
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+
+/// Gives a container of a pod the shim holds the pod's shared files: containerd's CRI
+/// found no pause sandbox's files to bind, so the spec binds each one it does not mount
+/// itself, and the pod's /dev/shm replaces the private tmpfs of the default spec. The etc
+/// files are read-only with a read-only rootfs, as containerd's CRI binds them.
+pub fn add_pod_files(bundle: &Path, pod: &Pod) -> Result<(), ShimError> {
+    let path = bundle.join("config.json");
+    let text =
+        std::fs::read(&path).map_err(|e| ShimError::io(format!("read {}", path.display()), e))?;
+    let mut spec: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| ShimError::InvalidArgument(format!("{}: {e}", path.display())))?;
+    if spec["annotations"][SANDBOX_ID].as_str() != Some(pod.id.as_str()) {
+        return Ok(());
+    }
+    let readonly = spec["root"]["readonly"].as_bool().unwrap_or(false);
+    let mounts = match spec.get_mut("mounts").and_then(|m| m.as_array_mut()) {
+        Some(mounts) => mounts,
+        None => {
+            spec["mounts"] = serde_json::json!([]);
+            spec["mounts"]
+                .as_array_mut()
+                .ok_or_else(|| ShimError::Internal("spec mounts".into()))?
+        }
+    };
+    for (destination, source) in pod.shared_files() {
+        if let Some(i) = mounts.iter().position(|m| m["destination"] == destination) {
+            let private_shm = destination == SHM && mounts[i]["type"] == "tmpfs";
+            if !private_shm {
+                continue;
+            }
+            mounts.remove(i);
+        }
+        let access = if readonly && destination != SHM {
+            "ro"
+        } else {
+            "rw"
+        };
+        mounts.push(serde_json::json!({
+            "destination": destination,
+            "type": "bind",
+            "source": source,
+            "options": ["rbind", "rprivate", access],
+        }));
+    }
+    let text = serde_json::to_vec(&spec).map_err(|e| ShimError::Internal(e.to_string()))?;
+    let temp = bundle.join(".config.json.tmp");
+    std::fs::write(&temp, text)
+        .map_err(|e| ShimError::io(format!("write {}", temp.display()), e))?;
+    std::fs::rename(&temp, &path)
+        .map_err(|e| ShimError::io(format!("replace {}", path.display()), e))
 }

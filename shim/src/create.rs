@@ -11,6 +11,7 @@ use containerd_shim_protos::events::task::{TaskCreate, TaskIO, TaskOOM};
 use crate::container::{BundleSpec, Container};
 use crate::error::ShimError;
 use crate::events::topic;
+use crate::pod::Pod;
 use crate::process::Process;
 use crate::runc::{ProcessStdio, Runc, RuncOptions, read_pid_file};
 use crate::shim::Shim;
@@ -48,7 +49,8 @@ impl Shim {
             return Err(ShimError::AlreadyExists(format!("container {id}")));
         }
         let runc = crate::runc::runc_for(&runc, &self.namespace, &bundle);
-        let (own_pid_namespace, rootfs) = prepare_bundle(&bundle, &runc, rootfs).await?;
+        let (own_pid_namespace, rootfs) =
+            prepare_bundle(&bundle, &runc, rootfs, self.pod()).await?;
 
         // Exits of the new init are kept from here until its pid is registered.
         let starting = self.begin_starting();
@@ -169,17 +171,22 @@ impl Shim {
     }
 }
 
-/// Reads the bundle's spec (whether the container has a PID namespace of its own), keeps
-/// the runtime in the bundle and mounts the rootfs: off the runtime thread, since a hung
-/// mount or disk must not stop the whole pod.
+/// Gives a container of a pod the shim holds the pod's files, reads the bundle's spec
+/// (whether the container has a PID namespace of its own), keeps the runtime in the bundle
+/// and mounts the rootfs: off the runtime thread, since a hung mount or disk must not stop
+/// the whole pod.
 async fn prepare_bundle(
     bundle: &Path,
     runc: &Runc,
     mounts: Vec<Mount>,
+    pod: Option<Arc<Pod>>,
 ) -> Result<(bool, Option<PathBuf>), ShimError> {
     let bundle = bundle.to_path_buf();
     let runc = runc.clone();
     tokio::task::spawn_blocking(move || {
+        if let Some(pod) = pod {
+            crate::bundle::add_pod_files(&bundle, &pod)?;
+        }
         let spec = BundleSpec::read(&bundle)
             .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))?;
         crate::bundle::save_runc(&bundle, &runc)?;

@@ -1,6 +1,7 @@
 //! containerd-shim-crius-v2: crius's runtime v2 shim. containerd starts it per container
 //! (`start`), it serves all containers of one pod from one process over ttrpc, runs runc
-//! for them, reaps them, and publishes their events back to containerd.
+//! for them, reaps them, and publishes their events back to containerd. Started for a pod
+//! through containerd 2.x's sandbox API, it also holds the pod itself (no pause container).
 
 mod bundle;
 mod container;
@@ -10,11 +11,15 @@ mod delete;
 mod error;
 mod events;
 mod exec;
+mod holder;
 mod info;
 mod oom;
+mod pod;
 mod process;
+mod protos;
 mod reaper;
 mod runc;
+mod sandbox_service;
 mod serve;
 mod service;
 mod shim;
@@ -24,6 +29,10 @@ mod stdio;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // A pod's holder: the shim clones it into the pod's namespaces and execs it so.
+    if args.len() == 1 && args[0] == holder::PAUSE_ACTION {
+        holder::pause();
+    }
     let flags = match containerd_shim::parse(&args) {
         Ok(flags) => flags,
         Err(e) => {

@@ -10,7 +10,9 @@ use containerd_shim_protos::shim_async::create_task;
 use containerd_shim_protos::ttrpc::r#async::Server;
 
 use crate::events::Events;
+use crate::protos::sandbox_ttrpc::create_sandbox;
 use crate::reaper::Reaper;
+use crate::sandbox_service::SandboxService;
 use crate::service::TaskService;
 use crate::shim::Shim;
 use crate::start::ActionResult;
@@ -81,6 +83,8 @@ async fn serve(flags: &Flags) -> ActionResult {
     if let Some(v2) = create_task(service).remove("containerd.task.v3.Task") {
         services.insert("containerd.task.v2.Task".to_string(), v2);
     }
+    // containerd 2.x drives a pod it hands to the shim through the sandbox service.
+    services.extend(create_sandbox(Arc::new(SandboxService(shim.clone()))));
     // SAFETY: fd 3 is the listener `start` passed, owned by nothing else here.
     let listener = unsafe { OwnedFd::from_raw_fd(LISTENER_FD) };
     // Not for runc, nor the hooks it runs: a listener kept alive by them would make a dead
@@ -109,6 +113,6 @@ async fn serve(flags: &Flags) -> ActionResult {
     // The publisher forwards from a queue of its own.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let _ = std::fs::remove_file(flags.socket.trim_start_matches("unix://"));
-    log::info!("shim exiting: no containers left");
+    log::info!("shim exiting: no containers or pod left");
     Ok(())
 }

@@ -351,7 +351,7 @@ impl Task for TaskService {
     async fn shutdown(&self, _: &TtrpcContext, req: ShutdownRequest) -> Answer<Empty> {
         logged("Shutdown", &req.id, async {
             // Other containers of the pod keep the shim.
-            if self.0.is_empty() {
+            if self.0.is_idle() {
                 log::debug!("last container gone: shutting down");
                 self.0.shutdown.notify_one();
             }

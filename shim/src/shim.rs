@@ -13,6 +13,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::container::Container;
 use crate::error::ShimError;
 use crate::events::{Events, topic};
+use crate::pod::Pod;
 use crate::process::{Exit, Process};
 use crate::reaper::{ProcessExit, Reaper};
 
@@ -23,6 +24,8 @@ pub struct Shim {
     state: Mutex<State>,
     pub(crate) exec_files: AtomicU64,
     pub shutdown: Notify,
+    /// The pod the shim holds itself (sandbox API), once CreateSandbox made it.
+    pod: Mutex<Option<Arc<Pod>>>,
 }
 
 #[derive(Default)]
@@ -68,7 +71,37 @@ impl Shim {
             state: Mutex::new(State::default()),
             exec_files: AtomicU64::new(0),
             shutdown: Notify::new(),
+            pod: Mutex::new(None),
         }
+    }
+
+    pub fn pod(&self) -> Option<Arc<Pod>> {
+        self.pod
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Keeps the pod CreateSandbox made; false when the shim holds one already.
+    pub(crate) fn set_pod(&self, pod: Arc<Pod>) -> bool {
+        let mut slot = self.pod.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(pod);
+        true
+    }
+
+    /// The exit of `pid` the reaper saw while a start was in flight, before the pid was
+    /// known (call it while the [`Starting`] is held).
+    pub(crate) fn take_early_exit(&self, pid: i32) -> Option<Exit> {
+        self.state().unclaimed.remove(&pid)
+    }
+
+    /// Whether a task Shutdown ends the shim: no containers, and no pod, which only
+    /// ShutdownSandbox ends.
+    pub fn is_idle(&self) -> bool {
+        self.is_empty() && self.pod().is_none()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -143,6 +176,13 @@ impl Shim {
     pub async fn handle_exits(self: Arc<Self>, mut exits: mpsc::UnboundedReceiver<ProcessExit>) {
         while let Some(ProcessExit { pid, status, at }) = exits.recv().await {
             let exit = Exit { status, at };
+            if let Some(pod) = self.pod()
+                && pod.pid() == pid
+            {
+                log::info!("pod {} holder {pid} exited with {status}", pod.id);
+                pod.exited(exit);
+                continue;
+            }
             let process = {
                 let mut state = self.state();
                 let process = state.by_pid.remove(&pid);

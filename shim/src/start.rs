@@ -3,7 +3,11 @@
 //! Containers of one pod share a shim, as with containerd's runc shim: the group is the
 //! pod's sandbox id from the bundle's spec. The shim's socket name is a hash of containerd's
 //! address, the namespace and the group; when that socket answers, the container joins it.
-//! The address is printed bare, which containerd 1.6 and 2.x both read as a task v2 shim.
+//! For a container the address is printed bare, which containerd 1.6 and 2.x both read as
+//! a task v2 shim. A pod containerd 2.x hands over through its sandbox API has a bundle
+//! without a spec: then the shim answers in the bootstrap JSON as version 3, so containerd
+//! sends the pod's containers to this shim's task v3 service instead of starting a shim
+//! per container (only containerd 2.x starts a shim without a spec).
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -17,10 +21,9 @@ use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::shim::oci::Options;
 
+use crate::bundle::SANDBOX_ID;
 use crate::container::BundleSpec;
 
-/// The annotation naming a container's pod (containerd's CRI and crius set it).
-const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 /// The fd the serving shim finds its listener on.
 const LISTENER_FD: RawFd = 3;
 
@@ -48,8 +51,18 @@ pub fn run(flags: &Flags) -> ActionResult {
         None => log::debug!("container {} joins the shim at {address}", flags.id),
     }
     write_address(&bundle, &address)?;
-    std::io::stdout().write_all(address.as_bytes())?;
+    let answer = if bundle.join("config.json").exists() {
+        address
+    } else {
+        bootstrap_v3(&address)
+    };
+    std::io::stdout().write_all(answer.as_bytes())?;
     Ok(())
+}
+
+/// containerd 2.x's bootstrap answer for a shim serving task API v3 (and the sandbox API).
+fn bootstrap_v3(address: &str) -> String {
+    serde_json::json!({"version": 3, "address": address, "protocol": "ttrpc"}).to_string()
 }
 
 /// The pod a container belongs to: its sandbox id, or itself.
@@ -140,6 +153,15 @@ fn write_address(bundle: &Path, address: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_start_answers_version_3() {
+        let answer: serde_json::Value =
+            serde_json::from_str(&bootstrap_v3("unix:///run/s")).expect("json");
+        assert_eq!(answer["version"], 3);
+        assert_eq!(answer["address"], "unix:///run/s");
+        assert_eq!(answer["protocol"], "ttrpc");
+    }
 
     #[test]
     fn containers_group_by_their_sandbox_id() {

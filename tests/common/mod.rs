@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod cri_containerd;
 pub mod pod;
 pub mod streams;
 
@@ -657,7 +658,7 @@ impl Drop for PrivateContainerd {
 
 /// Kills the shims whose command line matches `pattern` and, first, the container processes
 /// they parent: without their shim those would run on, reparented to init.
-fn kill_shims_and_containers(pattern: &str) {
+pub fn kill_shims_and_containers(pattern: &str) {
     let Ok(out) = Command::new("pgrep").args(["-f", pattern]).output() else {
         return;
     };

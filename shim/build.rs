@@ -1,0 +1,60 @@
+//! Generates the shim's sandbox service (`containerd.runtime.sandbox.v1.Sandbox`, ttrpc)
+//! from containerd's proto kept unmodified under `../protos/containerd` (tag in its
+//! README), and the part of CRI's pod config the shim reads (`../protos/cri-api/shim`).
+//! Messages use rust-protobuf, as the task service from `containerd-shim-protos` does.
+
+use std::path::{Path, PathBuf};
+
+use ttrpc_codegen::{Codegen, Customize, ProtobufCustomize};
+
+const CONTAINERD: &str = "../protos/containerd";
+const SANDBOX_PROTOS: &[&str] = &[
+    "github.com/containerd/containerd/api/types/mount.proto",
+    "github.com/containerd/containerd/api/types/platform.proto",
+    "github.com/containerd/containerd/api/types/metrics.proto",
+    "github.com/containerd/containerd/api/runtime/sandbox/v1/sandbox.proto",
+];
+const POD_CONFIG: &str = "../protos/cri-api/shim/pod_config.proto";
+
+fn main() {
+    println!("cargo:rerun-if-changed={CONTAINERD}");
+    println!("cargo:rerun-if-changed={POD_CONFIG}");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
+    let inputs: Vec<String> = SANDBOX_PROTOS
+        .iter()
+        .map(|p| format!("{CONTAINERD}/{p}"))
+        .chain([POD_CONFIG.to_string()])
+        .collect();
+    let dir = out.join("protos");
+    std::fs::create_dir_all(&dir).expect("create the generated protos' directory");
+    Codegen::new()
+        .inputs(&inputs)
+        .include(CONTAINERD)
+        .include("../protos/cri-api/shim")
+        .rust_protobuf()
+        .rust_protobuf_customize(ProtobufCustomize::default().generate_accessors(false))
+        .customize(Customize {
+            async_all: true,
+            ..Default::default()
+        })
+        .out_dir(&dir)
+        .run()
+        .expect("generate the sandbox service");
+    strip_inner_attributes(&dir);
+}
+
+/// `include!` takes no inner attributes (`#![...]`) nor inner doc comments: drop those lines.
+fn strip_inner_attributes(dir: &Path) {
+    for entry in std::fs::read_dir(dir).expect("read the generated protos") {
+        let path = entry.expect("generated file").path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read a generated file");
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("#!") && !l.starts_with("//!"))
+            .collect();
+        std::fs::write(&path, kept.join("\n")).expect("write a generated file");
+    }
+}

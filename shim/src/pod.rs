@@ -1,0 +1,386 @@
+//! A pod the shim holds itself, when containerd drives it through the sandbox API: its
+//! config, its holder process (see `holder.rs`), the files its containers share
+//! (`hostname`, `hosts`, `resolv.conf`, a sized `/dev/shm`) and its exit.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use containerd_shim_protos::protobuf::Message;
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use tokio::sync::watch;
+
+use crate::error::ShimError;
+use crate::holder::Namespaces;
+use crate::process::Exit;
+use crate::protos::pod_config::{NamespaceMode, PodSandboxConfig};
+
+/// The type containerd's CRI gives the pod config it passes as CreateSandbox's options.
+const POD_CONFIG_TYPE: &str = "runtime.v1.PodSandboxConfig";
+/// Where in the sandbox's bundle the pod's shared files are.
+const POD_DIR: &str = "pod";
+/// Size of a pod's /dev/shm (containerd's default).
+const SHM_SIZE: u64 = 64 * 1024 * 1024;
+pub const SHM: &str = "/dev/shm";
+/// `/etc/hosts` when the host's cannot be read.
+const DEFAULT_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+
+pub struct Pod {
+    pub id: String,
+    dir: PathBuf,
+    namespaces: Namespaces,
+    host_ipc: bool,
+    pid: AtomicI32,
+    times: Mutex<Times>,
+    exit: watch::Sender<Option<Exit>>,
+}
+
+#[derive(Default)]
+struct Times {
+    created_at: Option<SystemTime>,
+    shm_mounted: bool,
+}
+
+/// The state names containerd's CRI maps to a pod's.
+pub const READY: &str = "SANDBOX_READY";
+pub const NOT_READY: &str = "SANDBOX_NOTREADY";
+
+/// What the sandbox service reports of a pod.
+pub struct PodStatus {
+    pub pid: i32,
+    pub state: &'static str,
+    pub created_at: Option<SystemTime>,
+    pub exit: Option<Exit>,
+}
+
+/// The pod config containerd's CRI passed; an absent or foreign option is an empty config
+/// (the pod's own namespaces, no DNS settings).
+pub fn decode_config(options: Option<&Any>) -> Result<PodSandboxConfig, ShimError> {
+    match options {
+        Some(any) if any.type_url.ends_with(POD_CONFIG_TYPE) => {
+            PodSandboxConfig::parse_from_bytes(&any.value)
+                .map_err(|e| ShimError::InvalidArgument(format!("pod config: {e}")))
+        }
+        _ => Ok(PodSandboxConfig::new()),
+    }
+}
+
+/// The holder's namespaces for `config`, joining `netns` (empty: the host's network).
+pub fn namespaces(config: &PodSandboxConfig, netns: &str) -> Result<Namespaces, ShimError> {
+    let options = config
+        .linux
+        .security_context
+        .namespace_options
+        .clone()
+        .unwrap_or_default();
+    if options.userns_options.mode.enum_value_or_default() == NamespaceMode::POD
+        && options.userns_options.is_some()
+    {
+        return Err(ShimError::Unimplemented(
+            "pods with a user namespace of their own are not held by the shim yet".into(),
+        ));
+    }
+    let host_network = options.network.enum_value_or_default() == NamespaceMode::NODE;
+    if !host_network && netns.is_empty() {
+        return Err(ShimError::InvalidArgument(
+            "a pod with its own network needs a network namespace path".into(),
+        ));
+    }
+    Ok(Namespaces {
+        netns: (!host_network).then(|| PathBuf::from(netns)),
+        pid: options.pid.enum_value_or_default() != NamespaceMode::NODE,
+        ipc: options.ipc.enum_value_or_default() != NamespaceMode::NODE,
+        uts: !host_network,
+        hostname: pod_hostname(config),
+    })
+}
+
+/// The pod's hostname, or the node's when it names none (as containerd's CRI does).
+fn pod_hostname(config: &PodSandboxConfig) -> String {
+    if config.hostname.is_empty() {
+        nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        config.hostname.clone()
+    }
+}
+
+/// `resolv.conf` from the pod's DNS config, or the host's when it has none.
+fn resolv_conf(config: &PodSandboxConfig) -> String {
+    let Some(dns) = config.dns_config.as_ref() else {
+        return std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    };
+    let mut text = String::new();
+    for server in &dns.servers {
+        text.push_str(&format!("nameserver {server}\n"));
+    }
+    if !dns.searches.is_empty() {
+        text.push_str(&format!("search {}\n", dns.searches.join(" ")));
+    }
+    if !dns.options.is_empty() {
+        text.push_str(&format!("options {}\n", dns.options.join(" ")));
+    }
+    text
+}
+
+impl Pod {
+    /// Writes the pod's shared files under its bundle and mounts its /dev/shm.
+    pub fn create(
+        id: &str,
+        bundle: &Path,
+        config: &PodSandboxConfig,
+        namespaces: Namespaces,
+    ) -> Result<Self, ShimError> {
+        let dir = bundle.join(POD_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ShimError::io(format!("create {}", dir.display()), e))?;
+        let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_else(|_| DEFAULT_HOSTS.into());
+        let files = [
+            ("hostname", format!("{}\n", namespaces.hostname)),
+            ("hosts", hosts),
+            ("resolv.conf", resolv_conf(config)),
+        ];
+        for (name, text) in files {
+            let path = dir.join(name);
+            std::fs::write(&path, text)
+                .map_err(|e| ShimError::io(format!("write {}", path.display()), e))?;
+        }
+        let pod = Self {
+            id: id.to_string(),
+            dir,
+            host_ipc: !namespaces.ipc,
+            namespaces,
+            pid: AtomicI32::new(0),
+            times: Mutex::new(Times::default()),
+            exit: watch::channel(None).0,
+        };
+        if !pod.host_ipc {
+            pod.mount_shm()?;
+        }
+        Ok(pod)
+    }
+
+    fn times(&self) -> std::sync::MutexGuard<'_, Times> {
+        self.times.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn namespaces(&self) -> &Namespaces {
+        &self.namespaces
+    }
+
+    fn shm_path(&self) -> PathBuf {
+        self.dir.join("shm")
+    }
+
+    fn mount_shm(&self) -> Result<(), ShimError> {
+        let path = self.shm_path();
+        std::fs::create_dir_all(&path)
+            .map_err(|e| ShimError::io(format!("create {}", path.display()), e))?;
+        let options = format!("mode=1777,size={SHM_SIZE}");
+        nix::mount::mount(
+            Some("shm"),
+            &path,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID
+                | nix::mount::MsFlags::MS_NODEV
+                | nix::mount::MsFlags::MS_NOEXEC,
+            Some(options.as_str()),
+        )
+        .map_err(|e| ShimError::io(format!("mount {}", path.display()), e.into()))?;
+        self.times().shm_mounted = true;
+        Ok(())
+    }
+
+    /// Unmounts the pod's /dev/shm (idempotent): containerd removes the bundle next.
+    pub fn release_shm(&self) {
+        let mut times = self.times();
+        if !times.shm_mounted {
+            return;
+        }
+        let path = self.shm_path();
+        match nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {
+                times.shm_mounted = false;
+            }
+            Err(e) => log::warn!("unmount {}: {e}", path.display()),
+        }
+    }
+
+    /// Records the holder's pid once it runs.
+    pub fn started(&self, pid: i32) {
+        self.pid.store(pid, Ordering::SeqCst);
+        self.times().created_at = Some(SystemTime::now());
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    pub fn has_exited(&self) -> bool {
+        self.exit.borrow().is_some()
+    }
+
+    /// Records the holder's exit (the first one counts) and wakes the waiters.
+    pub fn exited(&self, exit: Exit) {
+        self.exit.send_if_modified(|current| {
+            if current.is_some() {
+                return false;
+            }
+            *current = Some(exit);
+            true
+        });
+    }
+
+    pub fn status(&self) -> PodStatus {
+        let pid = self.pid();
+        let exit = *self.exit.borrow();
+        PodStatus {
+            pid,
+            state: if pid > 0 && exit.is_none() {
+                READY
+            } else {
+                NOT_READY
+            },
+            created_at: self.times().created_at,
+            exit,
+        }
+    }
+
+    /// Waits for the holder's exit. A pod never started counts as exited now.
+    pub async fn wait(&self) -> Exit {
+        let mut exit = self.exit.subscribe();
+        loop {
+            if let Some(exit) = *exit.borrow_and_update() {
+                return exit;
+            }
+            if self.pid() == 0 {
+                return Exit {
+                    status: 0,
+                    at: SystemTime::now(),
+                };
+            }
+            if exit.changed().await.is_err() {
+                return Exit {
+                    status: 0,
+                    at: SystemTime::now(),
+                };
+            }
+        }
+    }
+
+    /// Ends the holder: SIGKILL, as containerd's CRI ends a pause container once the pod's
+    /// containers are stopped, and waits up to `timeout` for its exit. Idempotent.
+    pub async fn stop(&self, timeout: Duration) -> Result<(), ShimError> {
+        let pid = self.pid();
+        if pid > 0 && !self.has_exited() {
+            match nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            ) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+                Err(e) => return Err(ShimError::io(format!("kill pod holder {pid}"), e.into())),
+            }
+            if tokio::time::timeout(timeout, self.wait()).await.is_err() {
+                return Err(ShimError::Internal(format!(
+                    "pod holder {pid} did not exit within {timeout:?}"
+                )));
+            }
+        }
+        self.release_shm();
+        Ok(())
+    }
+
+    /// The pod's files its containers bind, as containerd's CRI binds a pause container
+    /// sandbox's: `(destination, source)`.
+    pub fn shared_files(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut files = vec![
+            ("/etc/hostname", self.dir.join("hostname")),
+            ("/etc/hosts", self.dir.join("hosts")),
+            ("/etc/resolv.conf", self.dir.join("resolv.conf")),
+        ];
+        if !self.host_ipc {
+            files.push((SHM, self.shm_path()));
+        }
+        files
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protos::pod_config::{DNSConfig, NamespaceOption, UserNamespace};
+
+    fn config_with(options: NamespaceOption) -> PodSandboxConfig {
+        let mut config = PodSandboxConfig::new();
+        config.hostname = "web-0".into();
+        config
+            .linux
+            .mut_or_insert_default()
+            .security_context
+            .mut_or_insert_default()
+            .namespace_options = Some(options).into();
+        config
+    }
+
+    #[test]
+    fn a_pod_gets_its_own_namespaces_and_joins_its_network() {
+        let ns = namespaces(&config_with(NamespaceOption::new()), "/run/netns/x").expect("ns");
+        assert_eq!(ns.netns.as_deref(), Some(Path::new("/run/netns/x")));
+        assert!(ns.pid && ns.ipc && ns.uts);
+        assert_eq!(ns.hostname, "web-0");
+    }
+
+    #[test]
+    fn host_namespaces_are_kept_and_a_missing_netns_is_refused() {
+        let mut options = NamespaceOption::new();
+        options.network = NamespaceMode::NODE.into();
+        options.pid = NamespaceMode::NODE.into();
+        options.ipc = NamespaceMode::NODE.into();
+        let ns = namespaces(&config_with(options), "").expect("ns");
+        assert_eq!(ns.netns, None);
+        assert!(!ns.pid && !ns.ipc && !ns.uts);
+
+        let err = namespaces(&config_with(NamespaceOption::new()), "").expect_err("no netns");
+        assert!(matches!(err, ShimError::InvalidArgument(_)), "{err}");
+    }
+
+    #[test]
+    fn a_pod_user_namespace_is_not_held_yet() {
+        let mut options = NamespaceOption::new();
+        let mut userns = UserNamespace::new();
+        userns.mode = NamespaceMode::POD.into();
+        options.userns_options = Some(userns).into();
+        let err = namespaces(&config_with(options), "/run/netns/x").expect_err("userns");
+        assert!(matches!(err, ShimError::Unimplemented(_)), "{err}");
+    }
+
+    #[test]
+    fn resolv_conf_follows_the_dns_config() {
+        let mut config = PodSandboxConfig::new();
+        let mut dns = DNSConfig::new();
+        dns.servers = vec!["10.0.0.10".into()];
+        dns.searches = vec!["svc.local".into(), "local".into()];
+        dns.options = vec!["ndots:5".into()];
+        config.dns_config = Some(dns).into();
+        assert_eq!(
+            resolv_conf(&config),
+            "nameserver 10.0.0.10\nsearch svc.local local\noptions ndots:5\n"
+        );
+    }
+
+    #[test]
+    fn the_pod_config_decodes_from_containerds_any_and_skips_other_fields() {
+        let mut config = config_with(NamespaceOption::new());
+        config.hostname = "h".into();
+        let mut any = Any::new();
+        any.type_url = POD_CONFIG_TYPE.into();
+        any.value = config.write_to_bytes().expect("encode");
+        // A field the cut-down message does not have (log_directory = 3).
+        any.value.extend_from_slice(&[0x1a, 0x03, b'/', b'l', b'd']);
+        let decoded = decode_config(Some(&any)).expect("decode");
+        assert_eq!(decoded.hostname, "h");
+        assert_eq!(decode_config(None).expect("none").hostname, "");
+    }
+}

@@ -1,0 +1,225 @@
+//! containerd 2.x with its own CRI enabled, for the tests of crius inside containerd: a
+//! private one per test (own root, state, sockets, CNI network), with the runtime handlers
+//! `crius-shim` (crius's shim as containerd's sandboxer) and `crius-proxy` (crius as a
+//! `sandbox` proxy plugin at `proxy_socket`). Killed on drop, with what its shims run.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crius::client::CriClient;
+
+use super::{Testbed, bridge_conflist, eventually, kill_shims_and_containers};
+
+pub const SHIM_HANDLER: &str = "crius-shim";
+pub const PROXY_HANDLER: &str = "crius-proxy";
+/// The proxy plugin's name in containerd's config (the handler's sandboxer).
+pub const PROXY_PLUGIN: &str = "crius";
+
+pub struct CriContainerd {
+    pub dir: PathBuf,
+    pub address: PathBuf,
+    /// Where containerd dials crius's sandbox controller.
+    pub proxy_socket: PathBuf,
+    pub bridge: String,
+    child: Option<Child>,
+}
+
+impl CriContainerd {
+    /// A containerd 2.x with its CRI on a bridge `cricd<tag>` (`10.<tag>.0.0/16`).
+    pub async fn start(tag: u8) -> Self {
+        let testbed = Testbed::from_env();
+        let dir = testbed
+            .containerd_address
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test bed directory")
+            .join("private")
+            .join(format!("cri-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let registry_hosts = dir.join("certs.d").join(&testbed.registry);
+        std::fs::create_dir_all(&registry_hosts).expect("create the registry hosts dir");
+        std::fs::write(
+            registry_hosts.join("hosts.toml"),
+            format!(
+                "server = \"http://{0}\"\n[host.\"http://{0}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+                testbed.registry
+            ),
+        )
+        .expect("write hosts.toml");
+        let bridge = format!("cricd{tag}");
+        std::fs::create_dir_all(dir.join("net.d")).expect("create net.d");
+        std::fs::write(
+            dir.join("net.d").join("10-test.conflist"),
+            bridge_conflist(&format!("cricd{tag}"), &format!("10.{tag}.0.0/16")),
+        )
+        .expect("write conflist");
+        let address = dir.join("containerd.sock");
+        let proxy_socket = dir.join("crius-sandbox.sock");
+        std::fs::write(
+            dir.join("config.toml"),
+            config(&dir, &address, &proxy_socket, &testbed),
+        )
+        .expect("write containerd config");
+        let mut containerd = Self {
+            dir,
+            address,
+            proxy_socket,
+            bridge,
+            child: None,
+        };
+        containerd.launch().await;
+        containerd
+    }
+
+    async fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("log"))
+            .expect("containerd log");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn containerd");
+        self.child = Some(child);
+        let address = self.address.clone();
+        let up = eventually(Duration::from_secs(30), || {
+            let address = address.clone();
+            async move {
+                match CriClient::connect(&address).await {
+                    Ok(mut client) => client
+                        .runtime
+                        .version(crius::api::v1::VersionRequest::default())
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+        assert!(
+            up,
+            "containerd with its CRI did not come up: {}",
+            self.log()
+        );
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    pub async fn client(&self) -> CriClient {
+        CriClient::connect(&self.address)
+            .await
+            .expect("connect to containerd's CRI")
+    }
+
+    /// Kills containerd as a crash would; its shims (and so the pods) live on.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.launch().await;
+    }
+
+    /// The pids of processes whose command line matches `pattern` and names this
+    /// containerd's socket.
+    pub fn shims(&self, binary: &str) -> Vec<u32> {
+        let out = Command::new("pgrep")
+            .args([
+                "-f",
+                &format!("{binary}.*-address {}", self.address.display()),
+            ])
+            .output()
+            .expect("pgrep");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+}
+
+/// containerd's config (v3 layout): its CRI with the two crius handlers beside `runc`.
+fn config(dir: &Path, address: &Path, proxy: &Path, testbed: &Testbed) -> String {
+    format!(
+        r#"version = 3
+root = "{root}"
+state = "{state}"
+# Two containerds must not share NRI's socket.
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "{address}"
+[ttrpc]
+  address = "{address}.ttrpc"
+
+[plugins.'io.containerd.cri.v1.images']
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{registry}/bench/pause:1"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{certs}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{netd}"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{shim_handler}]
+      runtime_type = "io.containerd.crius.v2"
+      sandboxer = "shim"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{proxy_handler}]
+      runtime_type = "io.containerd.crius.v2"
+      sandboxer = "{proxy_plugin}"
+
+[proxy_plugins.{proxy_plugin}]
+  type = "sandbox"
+  address = "{proxy}"
+"#,
+        root = dir.join("root").display(),
+        state = dir.join("state").display(),
+        address = address.display(),
+        registry = testbed.registry,
+        certs = dir.join("certs.d").display(),
+        netd = dir.join("net.d").display(),
+        shim_handler = SHIM_HANDLER,
+        proxy_handler = PROXY_HANDLER,
+        proxy_plugin = PROXY_PLUGIN,
+        proxy = proxy.display(),
+    )
+}
+
+impl Drop for CriContainerd {
+    fn drop(&mut self) {
+        self.kill();
+        kill_shims_and_containers(&format!(
+            "containerd-shim.*-address {}",
+            self.address.display()
+        ));
+        let _ = Command::new("ip")
+            .args(["link", "del", &format!("{}0", self.bridge)])
+            .stderr(Stdio::null())
+            .status();
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "grep ' {0}' /proc/mounts | cut -d' ' -f2 | sort -r | xargs -r -n1 umount -l",
+                self.dir.display()
+            ))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

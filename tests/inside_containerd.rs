@@ -1,0 +1,228 @@
+//! crius inside containerd 2.x: containerd's own CRI runs pods on crius's shim, which holds
+//! each pod itself (no pause container, no runc shim), with the shim as the handler's
+//! sandboxer. Driven with crius's CRI client against containerd's CRI socket; only against
+//! containerd 2.x (1.6 has no sandbox API).
+
+mod common;
+
+use std::time::Duration;
+
+use common::cri_containerd::{CriContainerd, SHIM_HANDLER};
+use common::pod::{Pod, container, pull};
+use common::{containerd_major, eventually, pod_config};
+use crius::api::v1::{
+    ContainerState, ContainerStatusRequest, DnsConfig, PodSandboxState, PodSandboxStatusRequest,
+    RunPodSandboxRequest, StopPodSandboxRequest,
+};
+
+fn skip_before_containerd_2() -> bool {
+    if containerd_major() < 2 {
+        eprintln!("containerd 1.x has no sandbox API: skipped");
+        return true;
+    }
+    false
+}
+
+/// Runs a pod of two containers through `handler` and checks what containerd's CRI and
+/// the pod's containers see.
+async fn run_pod(cricd: &CriContainerd, handler: &str, logs: &std::path::Path) -> Pod {
+    let mut client = cricd.client().await;
+    pull(&mut client, "busybox:latest").await;
+    let mut config = pod_config(&format!("inside-{handler}"));
+    config.hostname = "inside-pod".into();
+    config.log_directory = logs.display().to_string();
+    config.dns_config = Some(DnsConfig {
+        servers: vec!["10.9.9.9".into()],
+        searches: vec!["inside.test".into()],
+        options: vec![],
+    });
+    let mut request = tonic::Request::new(RunPodSandboxRequest {
+        config: Some(config.clone()),
+        runtime_handler: handler.to_string(),
+    });
+    request.set_timeout(Duration::from_secs(120));
+    let id = client
+        .runtime
+        .run_pod_sandbox(request)
+        .await
+        .unwrap_or_else(|e| panic!("run a pod on {handler}: {e}\n{}", cricd.log()))
+        .into_inner()
+        .pod_sandbox_id;
+    Pod { client, id, config }
+}
+
+async fn container_state(pod: &mut Pod, id: &str) -> i32 {
+    pod.client
+        .runtime
+        .container_status(ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        })
+        .await
+        .expect("container status")
+        .into_inner()
+        .status
+        .expect("status")
+        .state
+}
+
+async fn pod_state(pod: &mut Pod) -> i32 {
+    pod.client
+        .runtime
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: pod.id.clone(),
+            verbose: false,
+        })
+        .await
+        .expect("pod status")
+        .into_inner()
+        .status
+        .expect("status")
+        .state
+}
+
+async fn exec_ok(pod: &mut Pod, id: &str, cmd: &[&str]) -> String {
+    let (out, err, code) = pod.exec(id, cmd, 20).await.expect("exec");
+    assert_eq!(code, 0, "{cmd:?}: {err}");
+    out
+}
+
+/// Processes whose whole command line is `/pause` (a pause container's).
+fn pause_processes() -> usize {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"/pause\0"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Two containers share the pod's namespaces and files; no runc shim nor pause container.
+async fn check_pod_of_two(cricd: &CriContainerd, pod: &mut Pod) -> (String, String) {
+    let pauses_before = pause_processes();
+    let one = pod
+        .run(container(
+            "one",
+            "busybox:latest",
+            &["sh", "-c", "echo hello from one; exec sleep 1000"],
+        ))
+        .await;
+    let two = pod
+        .run(container("two", "busybox:latest", &["sleep", "1000"]))
+        .await;
+
+    // PID 1 of the pod is the shim's holder, and both see each other.
+    let init = exec_ok(pod, &one, &["cat", "/proc/1/cmdline"]).await;
+    assert!(init.contains("containerd-shim-crius-v2"), "pid 1: {init:?}");
+    let ps = exec_ok(pod, &two, &["ps", "-o", "args"]).await;
+    assert!(ps.contains("sleep 1000") && ps.lines().count() >= 4, "{ps}");
+    // The pod's hostname, DNS and /dev/shm.
+    assert_eq!(exec_ok(pod, &one, &["hostname"]).await.trim(), "inside-pod");
+    assert_eq!(
+        exec_ok(pod, &two, &["cat", "/etc/hostname"]).await.trim(),
+        "inside-pod"
+    );
+    let resolv = exec_ok(pod, &two, &["cat", "/etc/resolv.conf"]).await;
+    assert!(
+        resolv.contains("nameserver 10.9.9.9") && resolv.contains("search inside.test"),
+        "{resolv}"
+    );
+    exec_ok(pod, &one, &["sh", "-c", "echo shared > /dev/shm/mark"]).await;
+    assert_eq!(
+        exec_ok(pod, &two, &["cat", "/dev/shm/mark"]).await.trim(),
+        "shared"
+    );
+    // The pod's own network: an address on eth0 from containerd's CNI.
+    let addr = exec_ok(pod, &two, &["ip", "-4", "addr", "show", "eth0"]).await;
+    assert!(addr.contains("inet 10."), "{addr}");
+
+    // Its log, written by containerd's CRI from the shim's stdio.
+    let log = pod.log_path("one");
+    let logged =
+        eventually(Duration::from_secs(10), || {
+            let log = log.clone();
+            async move {
+                std::fs::read_to_string(&log).is_ok_and(|t| t.contains("stdout F hello from one"))
+            }
+        })
+        .await;
+    assert!(logged, "log of one: {:?}", std::fs::read_to_string(&log));
+
+    assert!(
+        cricd.shims("containerd-shim-runc-v2").is_empty(),
+        "a runc shim ran for the pod"
+    );
+    assert!(
+        !cricd.shims("containerd-shim-crius-v2").is_empty(),
+        "crius's shim runs"
+    );
+    assert_eq!(pause_processes(), pauses_before, "a pause container ran");
+    (one, two)
+}
+
+async fn stop_and_remove(cricd: &CriContainerd, mut pod: Pod, containers: &[String]) {
+    for id in containers {
+        pod.stop(id, 5).await;
+        assert_eq!(
+            container_state(&mut pod, id).await,
+            ContainerState::ContainerExited as i32
+        );
+        pod.remove(id).await;
+    }
+    pod.client
+        .runtime
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: pod.id.clone(),
+        })
+        .await
+        .expect("stop pod");
+    assert_eq!(
+        pod_state(&mut pod).await,
+        PodSandboxState::SandboxNotready as i32
+    );
+    pod.remove_pod().await;
+    let gone = eventually(Duration::from_secs(10), || async {
+        cricd.shims("containerd-shim-crius-v2").is_empty()
+    })
+    .await;
+    assert!(gone, "the pod's shim outlived its removal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerds_cri_runs_a_pod_on_crius_shim_as_its_sandboxer() {
+    if skip_before_containerd_2() {
+        return;
+    }
+    let logs = tempfile::tempdir().expect("log dir");
+    let mut cricd = CriContainerd::start(160).await;
+    let mut pod = run_pod(&cricd, SHIM_HANDLER, logs.path()).await;
+    assert_eq!(
+        pod_state(&mut pod).await,
+        PodSandboxState::SandboxReady as i32
+    );
+    let (one, two) = check_pod_of_two(&cricd, &mut pod).await;
+
+    // containerd restarts: the pod and its containers run on, and are driven again.
+    cricd.restart().await;
+    pod.client = cricd.client().await;
+    assert_eq!(
+        pod_state(&mut pod).await,
+        PodSandboxState::SandboxReady as i32
+    );
+    for id in [&one, &two] {
+        assert_eq!(
+            container_state(&mut pod, id).await,
+            ContainerState::ContainerRunning as i32
+        );
+    }
+    assert_eq!(
+        exec_ok(&mut pod, &two, &["cat", "/dev/shm/mark"])
+            .await
+            .trim(),
+        "shared"
+    );
+
+    stop_and_remove(&cricd, pod, &[one, two]).await;
+}
