@@ -1,5 +1,5 @@
 //! Compiles the CRI API (cri-api's `api.proto`, unmodified, see `protos/cri-api/README.md`),
-//! the containerd protos no crate ships (runc shim options) and the static pause program of
+//! the containerd protos no crate ships (runc shim options, the sandbox API) and the static pause program of
 //! the built-in sandbox image.
 //!
 //! The protos are parsed by `protox` (a Rust protobuf compiler) rather than `protoc`: cri-api
@@ -32,7 +32,29 @@ fn main() {
         .enable_type_names()
         .compile_fds(runc)
         .expect("generate the runc options");
+    compile_sandbox_api();
     build_pause(&out);
+}
+
+/// containerd's sandbox API (`protos/containerd`, its tag in the README there): the gRPC
+/// `Controller` crius serves as a proxy plugin, and the messages of the shim's ttrpc
+/// `Sandbox` service it forwards to (`crate::sandboxer::shim` calls it over ttrpc).
+fn compile_sandbox_api() {
+    const API: &str = "github.com/containerd/containerd/api";
+    // One compile: both files share `containerd.types`, generated once.
+    let protos = protox::compile(
+        [
+            format!("{API}/services/sandbox/v1/sandbox.proto"),
+            format!("{API}/runtime/sandbox/v1/sandbox.proto"),
+        ],
+        ["protos/containerd"],
+    )
+    .unwrap_or_else(|e| panic!("parse containerd's sandbox protos: {e}"));
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .compile_fds(protos)
+        .expect("generate containerd's sandbox API");
 }
 
 /// Generates the CRI messages, the tonic services and, from the same service definitions,

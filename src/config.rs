@@ -127,6 +127,7 @@ pub struct Config {
     pub stream: StreamConfig,
     pub cdi: CdiConfig,
     pub userns: UsernsConfig,
+    pub sandbox_controller: SandboxControllerConfig,
     pub log: LogConfig,
 }
 
@@ -157,6 +158,7 @@ impl Default for Config {
             stream: StreamConfig::default(),
             cdi: CdiConfig::default(),
             userns: UsernsConfig::default(),
+            sandbox_controller: SandboxControllerConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -262,6 +264,27 @@ pub struct RuncOptions {
     pub io_gid: u32,
     pub criu_image_path: String,
     pub criu_work_path: String,
+}
+
+/// crius as containerd 2.x's sandbox controller (a `sandbox` proxy plugin): containerd's
+/// own CRI hands the pods of a runtime handler whose `sandboxer` names the plugin to crius,
+/// which runs each on its shim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxControllerConfig {
+    /// The unix socket containerd's `[proxy_plugins.<name>] address` names. Empty: off.
+    pub address: PathBuf,
+    /// The shim binary each pod runs on (found on the PATH unless absolute).
+    pub shim: PathBuf,
+}
+
+impl Default for SandboxControllerConfig {
+    fn default() -> Self {
+        Self {
+            address: PathBuf::new(),
+            shim: PathBuf::from("containerd-shim-crius-v2"),
+        }
+    }
 }
 
 /// CDI (Container Device Interface) devices.

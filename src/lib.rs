@@ -24,6 +24,7 @@ pub mod netns;
 pub mod oci;
 pub mod protos;
 pub mod recovery;
+pub mod sandboxer;
 pub mod server;
 pub mod stats;
 pub mod store;

@@ -1,13 +1,15 @@
 //! crius inside containerd 2.x: containerd's own CRI runs pods on crius's shim, which holds
 //! each pod itself (no pause container, no runc shim), with the shim as the handler's
-//! sandboxer. Driven with crius's CRI client against containerd's CRI socket; only against
-//! containerd 2.x (1.6 has no sandbox API).
+//! sandboxer, or with crius as a `sandbox` proxy plugin starting the shims. Driven with
+//! crius's CRI client against containerd's CRI socket; only against containerd 2.x (1.6 has
+//! no sandbox API).
 
 mod common;
 
 use std::time::Duration;
 
-use common::cri_containerd::{CriContainerd, SHIM_HANDLER};
+use common::Crius;
+use common::cri_containerd::{CriContainerd, PROXY_HANDLER, SHIM_HANDLER};
 use common::pod::{Pod, container, pull};
 use common::{containerd_major, eventually, pod_config};
 use crius::api::v1::{
@@ -225,4 +227,71 @@ async fn containerds_cri_runs_a_pod_on_crius_shim_as_its_sandboxer() {
     );
 
     stop_and_remove(&cricd, pod, &[one, two]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerds_cri_runs_a_pod_through_crius_as_its_sandbox_proxy_plugin() {
+    if skip_before_containerd_2() {
+        return;
+    }
+    let logs = tempfile::tempdir().expect("log dir");
+    let mut cricd = CriContainerd::start(161).await;
+    let proxy = cricd.proxy_socket.clone();
+    let address = cricd.address.clone();
+    let root = cricd.dir.join("root");
+    let mut crius = Crius::start_with(
+        |config| {
+            config.sandbox_controller.address = proxy;
+            config.containerd.address = address;
+            config.containerd.root = root;
+        },
+        &[],
+    )
+    .await;
+    let mut pod = run_pod(&cricd, PROXY_HANDLER, logs.path()).await;
+    assert_eq!(
+        pod_state(&mut pod).await,
+        PodSandboxState::SandboxReady as i32
+    );
+    let bundle = crius
+        .config
+        .state
+        .join("sandboxer")
+        .join("k8s.io")
+        .join(&pod.id);
+    assert!(
+        bundle.join("address").exists(),
+        "the pod's bundle in crius's state"
+    );
+    let (one, two) = check_pod_of_two(&cricd, &mut pod).await;
+
+    // crius restarts, then containerd: the pod runs on and both find its shim again.
+    crius.restart().await;
+    assert_eq!(
+        pod_state(&mut pod).await,
+        PodSandboxState::SandboxReady as i32
+    );
+    cricd.restart().await;
+    pod.client = cricd.client().await;
+    assert_eq!(
+        pod_state(&mut pod).await,
+        PodSandboxState::SandboxReady as i32
+    );
+    for id in [&one, &two] {
+        assert_eq!(
+            container_state(&mut pod, id).await,
+            ContainerState::ContainerRunning as i32
+        );
+    }
+    assert_eq!(
+        exec_ok(&mut pod, &one, &["hostname"]).await.trim(),
+        "inside-pod"
+    );
+
+    stop_and_remove(&cricd, pod, &[one, two]).await;
+    assert!(!bundle.exists(), "the pod's bundle outlived its removal");
+    assert!(
+        crius.log().contains("sandbox controller"),
+        "one line per call"
+    );
 }

@@ -89,6 +89,21 @@ impl CriService {
                 .await;
             ("grpc server", served.map_err(|e| e.to_string()))
         });
+        let sandboxer_path = self.config.sandbox_controller.address.clone();
+        if !sandboxer_path.as_os_str().is_empty() {
+            match self
+                .spawn_sandbox_controller(&mut tasks, &sandboxer_path)
+                .await
+            {
+                Ok(()) => {}
+                Err(e) => {
+                    self.close();
+                    socket::remove(&grpc_path);
+                    socket::remove(&ttrpc_path);
+                    return Err(e);
+                }
+            }
+        }
         let mut ttrpc = ttrpc::r#async::Server::new()
             .add_listener(ttrpc::r#async::transport::Listener::from(ttrpc_listener))
             .register_service(rpc::ttrpc_services(server));
@@ -141,8 +156,32 @@ impl CriService {
         tokio::join!(ttrpc_stop, tasks_stop);
         socket::remove(&grpc_path);
         socket::remove(&ttrpc_path);
+        if !sandboxer_path.as_os_str().is_empty() {
+            socket::remove(&sandboxer_path);
+        }
         tracing::info!("crius stopped");
         outcome
+    }
+
+    /// Binds containerd's sandbox controller socket and serves it as a critical task.
+    async fn spawn_sandbox_controller(
+        &self,
+        tasks: &mut JoinSet<TaskEnd>,
+        path: &std::path::Path,
+    ) -> Result<(), ServiceError> {
+        let listener = socket::bind(path).await?;
+        let controller = std::sync::Arc::new(crate::sandboxer::SandboxController::new(
+            &self.config.state,
+            &self.config.sandbox_controller.shim,
+            &self.config.containerd.address,
+        ));
+        let cancel = self.shutdown.clone();
+        tasks.spawn(async move {
+            let served = crate::sandboxer::serve(controller, listener, cancel).await;
+            ("sandbox controller", served.map_err(|e| e.to_string()))
+        });
+        tracing::info!(address = %path.display(), "serving containerd's sandbox controller");
+        Ok(())
     }
 
     /// Recovers state and starts the critical tasks, then marks the service initialized.
