@@ -33,6 +33,11 @@ async fn run_pod(cricd: &CriContainerd, handler: &str, logs: &std::path::Path) -
     let mut config = pod_config(&format!("inside-{handler}"));
     config.hostname = "inside-pod".into();
     config.log_directory = logs.display().to_string();
+    if let Some(linux) = config.linux.as_mut() {
+        linux
+            .sysctls
+            .insert("kernel.shm_rmid_forced".into(), "1".into());
+    }
     config.dns_config = Some(DnsConfig {
         servers: vec!["10.9.9.9".into()],
         searches: vec!["inside.test".into()],
@@ -132,6 +137,8 @@ async fn check_pod_of_two(cricd: &CriContainerd, pod: &mut Pod) -> (String, Stri
         "{resolv}"
     );
     exec_ok(pod, &one, &["sh", "-c", "echo shared > /dev/shm/mark"]).await;
+    let sysctl = exec_ok(pod, &two, &["cat", "/proc/sys/kernel/shm_rmid_forced"]).await;
+    assert_eq!(sysctl.trim(), "1", "the pod's sysctl");
     assert_eq!(
         exec_ok(pod, &two, &["cat", "/dev/shm/mark"]).await.trim(),
         "shared"

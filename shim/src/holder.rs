@@ -1,8 +1,8 @@
 //! The pod's holder: the one process that keeps a pod's namespaces when containerd drives
 //! the pod through the sandbox API (there is no pause container). The shim clones it
 //! straight into the pod's new PID, IPC and UTS namespaces and its network namespace, so it
-//! is PID 1 of the pod; it execs the shim binary again as `pause`, which reaps what is
-//! reparented to it and ends on SIGTERM or SIGINT.
+//! is PID 1 of the pod; it sets the pod's sysctls in them, then execs the shim binary again
+//! as `pause`, which reaps what is reparented to it and ends on SIGTERM or SIGINT.
 
 use std::ffi::CString;
 use std::io::Read;
@@ -31,6 +31,8 @@ pub struct Namespaces {
     /// A UTS namespace with the pod's hostname (false with the host's network).
     pub uts: bool,
     pub hostname: String,
+    /// The pod's sysctls, set in its namespaces: (path below /proc/sys, value).
+    pub sysctls: Vec<(String, String)>,
 }
 
 impl Namespaces {
@@ -78,6 +80,15 @@ pub fn spawn(namespaces: &Namespaces) -> Result<i32, ShimError> {
         ),
         None => None,
     };
+    let sysctls = namespaces
+        .sysctls
+        .iter()
+        .map(|(path, value)| {
+            CString::new(format!("/proc/sys/{path}"))
+                .map(|path| (path, value.clone().into_bytes()))
+                .map_err(|e| ShimError::InvalidArgument(format!("sysctl {path}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| ShimError::io("pipe".into(), e.into()))?;
     let argv = [exe.as_ptr(), action.as_ptr(), std::ptr::null()];
@@ -103,6 +114,17 @@ pub fn spawn(namespaces: &Namespaces) -> Result<i32, ShimError> {
                 && libc::sethostname(name.as_ptr().cast(), name.len()) != 0
             {
                 return fail(2);
+            }
+            for (path, value) in &sysctls {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return fail(5);
+                }
+                let written = libc::write(fd, value.as_ptr().cast(), value.len());
+                libc::close(fd);
+                if written < 0 {
+                    return fail(5);
+                }
             }
             if libc::chdir(root.as_ptr()) != 0 {
                 return fail(3);
@@ -132,6 +154,7 @@ pub fn spawn(namespaces: &Namespaces) -> Result<i32, ShimError> {
             1 => "join the network namespace",
             2 => "set the hostname",
             3 => "change to /",
+            5 => "set the pod's sysctls",
             _ => "exec the shim as the holder",
         };
         return Err(ShimError::io(

@@ -87,13 +87,73 @@ pub fn namespaces(config: &PodSandboxConfig, netns: &str) -> Result<Namespaces, 
             "a pod with its own network needs a network namespace path".into(),
         ));
     }
-    Ok(Namespaces {
+    let mut namespaces = Namespaces {
         netns: (!host_network).then(|| PathBuf::from(netns)),
         pid: options.pid.enum_value_or_default() != NamespaceMode::NODE,
         ipc: options.ipc.enum_value_or_default() != NamespaceMode::NODE,
         uts: !host_network,
         hostname: pod_hostname(config),
-    })
+        sysctls: Vec::new(),
+    };
+    let mut sysctls: Vec<_> = config.linux.sysctls.iter().collect();
+    sysctls.sort();
+    for (name, value) in sysctls {
+        let path = sysctl_path(name, value, &namespaces)?;
+        namespaces.sysctls.push((path, value.clone()));
+    }
+    Ok(namespaces)
+}
+
+/// Longest sysctl value taken (the kernel's own buffers are a page).
+const MAX_SYSCTL_VALUE: usize = 4096;
+
+/// The path below /proc/sys of a pod sysctl (`net.ipv4.ip_forward` or `net/ipv4/...`), if
+/// it is one the pod's own namespaces scope, as runc allows them: IPC ones with the pod's
+/// IPC namespace, `net.*` with its network, the host and domain names with its UTS.
+fn sysctl_path(name: &str, value: &str, ns: &Namespaces) -> Result<String, ShimError> {
+    let refuse = |why: &str| ShimError::InvalidArgument(format!("sysctl {name:?}: {why}"));
+    let path = if name.contains('/') {
+        name.to_string()
+    } else {
+        name.replace('.', "/")
+    };
+    let well_formed = !path.is_empty()
+        && path.len() <= 256
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    if !well_formed {
+        return Err(refuse("not a sysctl name"));
+    }
+    if value.len() > MAX_SYSCTL_VALUE || value.contains('\0') {
+        return Err(refuse("value too long or not text"));
+    }
+    const IPC: &[&str] = &[
+        "kernel/msgmax",
+        "kernel/msgmnb",
+        "kernel/msgmni",
+        "kernel/sem",
+        "kernel/shmall",
+        "kernel/shmmax",
+        "kernel/shmmni",
+        "kernel/shm_rmid_forced",
+    ];
+    let scoped = if IPC.contains(&path.as_str()) || path.starts_with("fs/mqueue/") {
+        ns.ipc
+    } else if path.starts_with("net/") {
+        ns.netns.is_some()
+    } else if path == "kernel/hostname" || path == "kernel/domainname" {
+        ns.uts
+    } else {
+        return Err(refuse("not scoped by a pod's namespaces"));
+    };
+    if !scoped {
+        return Err(refuse("the pod shares that namespace with the host"));
+    }
+    Ok(path)
 }
 
 /// The pod's hostname, or the node's when it names none (as containerd's CRI does).
@@ -354,6 +414,39 @@ mod tests {
         options.userns_options = Some(userns).into();
         let err = namespaces(&config_with(options), "/run/netns/x").expect_err("userns");
         assert!(matches!(err, ShimError::Unimplemented(_)), "{err}");
+    }
+
+    #[test]
+    fn pod_sysctls_are_set_only_where_the_pods_namespaces_scope_them() {
+        let mut config = config_with(NamespaceOption::new());
+        let sysctls = &mut config.linux.mut_or_insert_default().sysctls;
+        sysctls.insert("kernel.shm_rmid_forced".into(), "1".into());
+        sysctls.insert("fs.mqueue.msg_max".into(), "100".into());
+        sysctls.insert("net/ipv4/conf/eth0.100/forwarding".into(), "1".into());
+        let ns = namespaces(&config, "/run/netns/x").expect("ns");
+        assert_eq!(
+            ns.sysctls,
+            vec![
+                ("fs/mqueue/msg_max".to_string(), "100".to_string()),
+                ("kernel/shm_rmid_forced".to_string(), "1".to_string()),
+                (
+                    "net/ipv4/conf/eth0.100/forwarding".to_string(),
+                    "1".to_string()
+                ),
+            ]
+        );
+        let host = Namespaces::default();
+        for name in [
+            "kernel.panic",
+            "net.ipv4.ip_forward",
+            "../../etc/passwd",
+            "a//b",
+            "x y",
+        ] {
+            let err = sysctl_path(name, "1", &host).expect_err(name);
+            assert!(matches!(err, ShimError::InvalidArgument(_)), "{err}");
+        }
+        assert!(sysctl_path("kernel.shmmax", &"9".repeat(5000), &ns).is_err());
     }
 
     #[test]
