@@ -548,6 +548,8 @@ run_benches() {
   cargo bench --bench shim
   cargo bench --bench pull
   cargo bench --bench stats
+  # Inside containerd 2.x: its CRI's runc handler against crius's two modes and crius's CRI.
+  (eval "$(print_env 2)" && cargo bench --bench inside)
 }
 
 case "${1:-}" in

@@ -171,6 +171,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     config_path = "{certs}"
 
 [plugins.'io.containerd.cri.v1.runtime']
+  # Without CAP_SYS_RESOURCE (in a container) a pause container's OOM score cannot be lowered.
+  restrict_oom_score_adj = {restrict_oom}
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{netd}"
@@ -199,7 +201,20 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         proxy_handler = PROXY_HANDLER,
         proxy_plugin = PROXY_PLUGIN,
         proxy = proxy.display(),
+        restrict_oom = !has_cap_sys_resource(),
     )
+}
+
+/// Whether this process may lower OOM scores (CAP_SYS_RESOURCE, bit 24 of CapEff).
+fn has_cap_sys_resource() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 24) != 0)
 }
 
 impl Drop for CriContainerd {
