@@ -13,8 +13,10 @@ use common::cri_containerd::{CriContainerd, PROXY_HANDLER, SHIM_HANDLER};
 use common::pod::{Pod, container, pull};
 use common::{containerd_major, eventually, pod_config};
 use crius::api::v1::{
-    ContainerState, ContainerStatusRequest, DnsConfig, PodSandboxState, PodSandboxStatusRequest,
-    RunPodSandboxRequest, StopPodSandboxRequest,
+    ContainerState, ContainerStatusRequest, DnsConfig, IdMapping, LinuxContainerConfig,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
+    NamespaceMode, NamespaceOption, PodSandboxState, PodSandboxStatusRequest, RunPodSandboxRequest,
+    StopPodSandboxRequest, UserNamespace,
 };
 
 fn skip_before_containerd_2() -> bool {
@@ -301,4 +303,70 @@ async fn containerds_cri_runs_a_pod_through_crius_as_its_sandbox_proxy_plugin() 
         crius.log().contains("sandbox controller"),
         "one line per call"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_in_its_own_user_namespace_is_held_in_it() {
+    if skip_before_containerd_2() {
+        return;
+    }
+    let logs = tempfile::tempdir().expect("log dir");
+    let cricd = CriContainerd::start(162).await;
+    let mut client = cricd.client().await;
+    pull(&mut client, "busybox:latest").await;
+    let mut config = pod_config("inside-userns");
+    config.log_directory = logs.path().display().to_string();
+    let mapping = vec![IdMapping {
+        host_id: 200_000,
+        container_id: 0,
+        length: 65536,
+    }];
+    config.linux = Some(LinuxPodSandboxConfig {
+        security_context: Some(LinuxSandboxSecurityContext {
+            namespace_options: Some(NamespaceOption {
+                userns_options: Some(UserNamespace {
+                    mode: NamespaceMode::Pod as i32,
+                    uids: mapping.clone(),
+                    gids: mapping,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let id = client
+        .runtime
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: SHIM_HANDLER.to_string(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("run a userns pod: {e}\n{}", cricd.log()))
+        .into_inner()
+        .pod_sandbox_id;
+    let namespaces = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone());
+    let mut pod = Pod { client, id, config };
+    let mut sleeper = container("one", "busybox:latest", &["sleep", "1000"]);
+    sleeper.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            namespace_options: namespaces,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let one = pod.run(sleeper).await;
+    let map = exec_ok(&mut pod, &one, &["cat", "/proc/self/uid_map"]).await;
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    assert_eq!(fields, ["0", "200000", "65536"], "{map}");
+    let init = exec_ok(&mut pod, &one, &["cat", "/proc/1/cmdline"]).await;
+    assert!(init.contains("containerd-shim-crius-v2"), "pid 1: {init:?}");
+    // The image's files are root's inside: its layers are idmapped by the pod's namespace.
+    let owner = exec_ok(&mut pod, &one, &["stat", "-c", "%u:%g", "/bin/busybox"]).await;
+    assert_eq!(owner.trim(), "0:0");
+    stop_and_remove(&cricd, pod, &[one]).await;
 }

@@ -23,8 +23,13 @@ pub fn load_runc(bundle: &Path) -> Option<Runc> {
 }
 
 /// Mounts the rootfs containerd passed onto `<bundle>/rootfs`; None when it passed none
-/// (the spec's root is used as it is).
-pub fn mount_rootfs(bundle: &Path, mounts: &[Mount]) -> Result<Option<PathBuf>, ShimError> {
+/// (the spec's root is used as it is). An overlay whose layers are to be idmapped (a pod in
+/// its own user namespace) gets them idmapped by `userns`.
+pub fn mount_rootfs(
+    bundle: &Path,
+    mounts: &[Mount],
+    userns: Option<&Path>,
+) -> Result<Option<PathBuf>, ShimError> {
     if mounts.is_empty() {
         return Ok(None);
     }
@@ -32,23 +37,43 @@ pub fn mount_rootfs(bundle: &Path, mounts: &[Mount]) -> Result<Option<PathBuf>, 
     std::fs::create_dir_all(&target)
         .map_err(|e| ShimError::io(format!("create {}", target.display()), e))?;
     for (i, m) in mounts.iter().enumerate() {
-        let mounted = containerd_shim::mount::mount_rootfs(
-            Some(m.type_.as_str()).filter(|t| !t.is_empty()),
-            Some(m.source.as_str()).filter(|s| !s.is_empty()),
-            &m.options,
-            &target,
-        );
+        let mounted = mount_one(bundle, m, &target, userns);
         if let Err(e) = mounted {
             if i > 0 {
                 unmount_rootfs(&target);
             }
-            return Err(ShimError::Internal(format!(
-                "mount rootfs {} ({}): {e}",
-                m.source, m.type_
-            )));
+            return Err(e);
         }
     }
     Ok(Some(target))
+}
+
+fn mount_one(
+    bundle: &Path,
+    m: &Mount,
+    target: &Path,
+    userns: Option<&Path>,
+) -> Result<(), ShimError> {
+    let (options, clones) = if crate::idmap::wants_idmap(&m.options) {
+        let userns = userns.ok_or_else(|| {
+            ShimError::InvalidArgument(format!(
+                "rootfs {} asks for idmapped layers, but the container's pod has no user namespace",
+                m.source
+            ))
+        })?;
+        crate::idmap::idmapped_overlay_options(&m.options, userns, &bundle.join("idmap"))?
+    } else {
+        (m.options.clone(), Vec::new())
+    };
+    let mounted = containerd_shim::mount::mount_rootfs(
+        Some(m.type_.as_str()).filter(|t| !t.is_empty()),
+        Some(m.source.as_str()).filter(|s| !s.is_empty()),
+        &options,
+        target,
+    );
+    crate::idmap::detach_all(&clones);
+    mounted
+        .map_err(|e| ShimError::Internal(format!("mount rootfs {} ({}): {e}", m.source, m.type_)))
 }
 
 /// Unmounts everything on the rootfs. A busy mount stays (and is logged) rather than being

@@ -184,13 +184,15 @@ async fn prepare_bundle(
     let bundle = bundle.to_path_buf();
     let runc = runc.clone();
     tokio::task::spawn_blocking(move || {
+        let mut userns = None;
         if let Some(pod) = pod {
             crate::bundle::add_pod_files(&bundle, &pod)?;
+            userns = pod.userns_path();
         }
         let spec = BundleSpec::read(&bundle)
             .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))?;
         crate::bundle::save_runc(&bundle, &runc)?;
-        let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts)?;
+        let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts, userns.as_deref())?;
         Ok((spec.own_pid_namespace(), rootfs))
     })
     .await

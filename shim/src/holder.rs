@@ -1,12 +1,13 @@
 //! The pod's holder: the one process that keeps a pod's namespaces when containerd drives
-//! the pod through the sandbox API (there is no pause container). The shim clones it
-//! straight into the pod's new PID, IPC and UTS namespaces and its network namespace, so it
-//! is PID 1 of the pod; it sets the pod's sysctls in them, then execs the shim binary again
-//! as `pause`, which reaps what is reparented to it and ends on SIGTERM or SIGINT.
+//! the pod through the sandbox API (there is no pause container). A child of the shim
+//! joins the pod's user namespace (if it has one) and network namespace, makes the pod's
+//! PID, IPC and UTS namespaces (owned by that user namespace), names the pod and sets its
+//! sysctls, then forks the pod's PID 1, which execs the shim binary again as `pause`: it
+//! reaps what is reparented to it and ends on SIGTERM or SIGINT.
 
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
@@ -31,6 +32,8 @@ pub struct Namespaces {
     /// A UTS namespace with the pod's hostname (false with the host's network).
     pub uts: bool,
     pub hostname: String,
+    /// Join the user namespace containerd's CRI made the pod's network namespace in.
+    pub userns: bool,
     /// The pod's sysctls, set in its namespaces: (path below /proc/sys, value).
     pub sysctls: Vec<(String, String)>,
 }
@@ -51,118 +54,218 @@ impl Namespaces {
     }
 }
 
-/// What the child reports through the pipe when it fails before exec: the step and errno.
-fn failure(step: u8) -> [u8; 5] {
+/// `ioctl(NS_GET_USERNS)`: the user namespace that owns a namespace.
+const NS_GET_USERNS: libc::c_ulong = 0xb701;
+/// A report record from the child: its kind (a failed step, or [`PID_RECORD`]) and a value.
+const RECORD: usize = 5;
+const PID_RECORD: u8 = 0xff;
+
+/// What the child reports through the pipe when a step fails: the step and errno.
+fn failure(step: u8) -> [u8; RECORD] {
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    let e = errno.to_le_bytes();
-    [step, e[0], e[1], e[2], e[3]]
+    record(step, errno)
+}
+
+fn record(kind: u8, value: i32) -> [u8; RECORD] {
+    let v = value.to_le_bytes();
+    [kind, v[0], v[1], v[2], v[3]]
+}
+
+fn step_name(step: u8) -> &'static str {
+    match step {
+        1 => "join the network namespace",
+        2 => "set the hostname",
+        3 => "change to /",
+        5 => "set the pod's sysctls",
+        6 => "join the pod's user namespace",
+        7 => "make the pod's namespaces",
+        8 => "fork the pod's PID 1",
+        _ => "exec the shim as the holder",
+    }
+}
+
+/// Everything the child needs, made before the clone: it may not allocate.
+struct Plan {
+    exe: CString,
+    action: CString,
+    hostname: Option<Vec<u8>>,
+    netns: Option<OwnedFd>,
+    userns: Option<OwnedFd>,
+    unshare: libc::c_int,
+    fork_pid1: bool,
+    sysctls: Vec<(CString, Vec<u8>)>,
+}
+
+impl Plan {
+    fn new(namespaces: &Namespaces) -> Result<Self, ShimError> {
+        let exe = std::env::current_exe().map_err(|e| ShimError::io("shim binary".into(), e))?;
+        let exe = CString::new(exe.as_os_str().as_bytes())
+            .map_err(|e| ShimError::Internal(format!("shim binary path: {e}")))?;
+        let action = CString::new(PAUSE_ACTION).map_err(|e| ShimError::Internal(e.to_string()))?;
+        let netns: Option<OwnedFd> = match &namespaces.netns {
+            Some(path) => Some(
+                std::fs::File::open(path)
+                    .map_err(|e| {
+                        ShimError::io(format!("open network namespace {}", path.display()), e)
+                    })?
+                    .into(),
+            ),
+            None => None,
+        };
+        let userns = match (&netns, namespaces.userns) {
+            (Some(netns), true) => Some(owning_userns(netns)?),
+            (None, true) => {
+                return Err(ShimError::InvalidArgument(
+                    "a pod in its own user namespace needs its own network".into(),
+                ));
+            }
+            (_, false) => None,
+        };
+        let sysctls = namespaces
+            .sysctls
+            .iter()
+            .map(|(path, value)| {
+                CString::new(format!("/proc/sys/{path}"))
+                    .map(|path| (path, value.clone().into_bytes()))
+                    .map_err(|e| ShimError::InvalidArgument(format!("sysctl {path}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            exe,
+            action,
+            hostname: (namespaces.uts && !namespaces.hostname.is_empty())
+                .then(|| namespaces.hostname.clone().into_bytes()),
+            netns,
+            userns,
+            unshare: namespaces.clone_flags().bits(),
+            fork_pid1: namespaces.pid,
+            sysctls,
+        })
+    }
+}
+
+/// The user namespace containerd's CRI made a pod's network namespace in (with the pod's
+/// ID mappings): the holder joins it, so the pod's other namespaces are owned by it.
+fn owning_userns(netns: &OwnedFd) -> Result<OwnedFd, ShimError> {
+    // SAFETY: NS_GET_USERNS on a namespace fd returns a new fd or -1.
+    let fd = unsafe { libc::ioctl(netns.as_raw_fd(), NS_GET_USERNS as _) };
+    if fd < 0 {
+        return Err(ShimError::io(
+            "the user namespace of the pod's network".into(),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a new fd the ioctl returned, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The child's steps, raw system calls only (it is a copy of a threaded process): join the
+/// pod's user and network namespaces, make its others, name it, set its sysctls, then exec
+/// the holder, after a fork when it must be PID 1 of a new PID namespace. Returns the
+/// child's exit code; a failed step is written to `report`.
+///
+/// # Safety
+/// Call only in the child of a clone, with `plan` and `report` valid.
+unsafe fn run_child(plan: &Plan, report: libc::c_int) -> isize {
+    let fail = |step: u8| -> isize {
+        let failed = failure(step);
+        // SAFETY: writes a stack buffer to the pipe's write end.
+        unsafe { libc::write(report, failed.as_ptr().cast(), failed.len()) };
+        1
+    };
+    let argv = [plan.exe.as_ptr(), plan.action.as_ptr(), std::ptr::null()];
+    // SAFETY: raw system calls on fds and buffers the plan keeps alive.
+    unsafe {
+        if let Some(fd) = &plan.userns
+            && libc::setns(fd.as_raw_fd(), libc::CLONE_NEWUSER) != 0
+        {
+            return fail(6);
+        }
+        if let Some(fd) = &plan.netns
+            && libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) != 0
+        {
+            return fail(1);
+        }
+        if plan.unshare != 0 && libc::unshare(plan.unshare) != 0 {
+            return fail(7);
+        }
+        if let Some(name) = &plan.hostname
+            && libc::sethostname(name.as_ptr().cast(), name.len()) != 0
+        {
+            return fail(2);
+        }
+        for (path, value) in &plan.sysctls {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return fail(5);
+            }
+            let written = libc::write(fd, value.as_ptr().cast(), value.len());
+            libc::close(fd);
+            if written < 0 {
+                return fail(5);
+            }
+        }
+        if libc::chdir(c"/".as_ptr()) != 0 {
+            return fail(3);
+        }
+        if plan.fork_pid1 {
+            // unshare(CLONE_NEWPID) put our children, not us, in the pod's PID namespace.
+            let pid = libc::fork();
+            if pid < 0 {
+                return fail(8);
+            }
+            if pid > 0 {
+                let told = record(PID_RECORD, pid);
+                libc::write(report, told.as_ptr().cast(), told.len());
+                return 0;
+            }
+        }
+        libc::execv(plan.exe.as_ptr(), argv.as_ptr());
+        let failed = failure(4);
+        libc::write(report, failed.as_ptr().cast(), failed.len());
+        libc::_exit(1)
+    }
 }
 
 /// Starts the holder and returns its pid once it has exec'd. The caller must hold a
 /// [`crate::shim::Starting`] so an early exit is kept for it.
 pub fn spawn(namespaces: &Namespaces) -> Result<i32, ShimError> {
-    let exe = std::env::current_exe().map_err(|e| ShimError::io("shim binary".into(), e))?;
-    let exe = CString::new(exe.as_os_str().as_bytes())
-        .map_err(|e| ShimError::Internal(format!("shim binary path: {e}")))?;
-    let action = CString::new(PAUSE_ACTION).map_err(|e| ShimError::Internal(e.to_string()))?;
-    let hostname = if namespaces.uts && !namespaces.hostname.is_empty() {
-        Some(namespaces.hostname.clone().into_bytes())
-    } else {
-        None
-    };
-    let netns: Option<OwnedFd> = match &namespaces.netns {
-        Some(path) => Some(
-            std::fs::File::open(path)
-                .map_err(|e| {
-                    ShimError::io(format!("open network namespace {}", path.display()), e)
-                })?
-                .into(),
-        ),
-        None => None,
-    };
-    let sysctls = namespaces
-        .sysctls
-        .iter()
-        .map(|(path, value)| {
-            CString::new(format!("/proc/sys/{path}"))
-                .map(|path| (path, value.clone().into_bytes()))
-                .map_err(|e| ShimError::InvalidArgument(format!("sysctl {path}: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let plan = Plan::new(namespaces)?;
     let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| ShimError::io("pipe".into(), e.into()))?;
-    let argv = [exe.as_ptr(), action.as_ptr(), std::ptr::null()];
-    let root = c"/";
-    let mut stack = vec![0u8; STACK_SIZE];
     let writer_fd = writer.as_raw_fd();
-    // Only raw system calls between clone and exec: the child is a copy of a threaded process.
-    let child = Box::new(|| -> isize {
-        let fail = |step: u8| -> isize {
-            let report = failure(step);
-            // SAFETY: writes a stack buffer to the pipe's write end.
-            unsafe { libc::write(writer_fd, report.as_ptr().cast(), report.len()) };
-            1
-        };
-        // SAFETY: raw system calls on fds and buffers that outlive the child's use of them.
-        unsafe {
-            if let Some(fd) = &netns
-                && libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) != 0
-            {
-                return fail(1);
-            }
-            if let Some(name) = &hostname
-                && libc::sethostname(name.as_ptr().cast(), name.len()) != 0
-            {
-                return fail(2);
-            }
-            for (path, value) in &sysctls {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return fail(5);
-                }
-                let written = libc::write(fd, value.as_ptr().cast(), value.len());
-                libc::close(fd);
-                if written < 0 {
-                    return fail(5);
-                }
-            }
-            if libc::chdir(root.as_ptr()) != 0 {
-                return fail(3);
-            }
-            libc::execv(exe.as_ptr(), argv.as_ptr());
-        }
-        fail(4)
-    });
-    // SAFETY: the child runs only the system calls above, then execs or exits.
-    let pid = unsafe {
-        nix::sched::clone(
-            child,
-            &mut stack,
-            namespaces.clone_flags(),
-            Some(libc::SIGCHLD),
-        )
-    }
-    .map_err(|e| ShimError::io("clone the pod's holder".into(), e.into()))?;
+    let mut stack = vec![0u8; STACK_SIZE];
+    // SAFETY: the child runs only `run_child`'s system calls, then execs or exits.
+    let child = Box::new(|| unsafe { run_child(&plan, writer_fd) });
+    // SAFETY: see above; the plan outlives the call in this process.
+    let pid =
+        unsafe { nix::sched::clone(child, &mut stack, CloneFlags::empty(), Some(libc::SIGCHLD)) }
+            .map_err(|e| ShimError::io("clone the pod's holder".into(), e.into()))?;
     drop(writer);
     let mut report = Vec::new();
     std::fs::File::from(reader)
+        .take(64)
         .read_to_end(&mut report)
         .map_err(|e| ShimError::io("read the pod holder's start".into(), e))?;
-    if report.len() >= 5 {
-        let errno = i32::from_le_bytes([report[1], report[2], report[3], report[4]]);
-        let step = match report[0] {
-            1 => "join the network namespace",
-            2 => "set the hostname",
-            3 => "change to /",
-            5 => "set the pod's sysctls",
-            _ => "exec the shim as the holder",
-        };
+    holder_pid(pid.as_raw(), &report)
+}
+
+/// The holder's pid from the child's report: the forked PID 1 it names, or the child
+/// itself; a failed step is the error.
+fn holder_pid(child: i32, report: &[u8]) -> Result<i32, ShimError> {
+    let mut holder = child;
+    for rec in report.chunks_exact(RECORD) {
+        let value = i32::from_le_bytes([rec[1], rec[2], rec[3], rec[4]]);
+        if rec[0] == PID_RECORD {
+            holder = value;
+            continue;
+        }
         return Err(ShimError::io(
-            format!("pod holder: {step}"),
-            std::io::Error::from_raw_os_error(errno),
+            format!("pod holder: {}", step_name(rec[0])),
+            std::io::Error::from_raw_os_error(value),
         ));
     }
-    Ok(pid.as_raw())
+    Ok(holder)
 }
 
 /// The holder's life: reap what ends in the pod, end on SIGTERM or SIGINT.
@@ -211,6 +314,16 @@ mod tests {
             pod.clone_flags(),
             CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS
         );
+    }
+
+    #[test]
+    fn the_report_names_the_forked_pid_1_or_the_failed_step() {
+        assert_eq!(holder_pid(10, &[]).expect("exec'd"), 10);
+        assert_eq!(holder_pid(10, &record(PID_RECORD, 11)).expect("forked"), 11);
+        let mut failed = record(PID_RECORD, 11).to_vec();
+        failed.extend(record(4, libc::ENOENT));
+        let err = holder_pid(10, &failed).expect_err("exec failed");
+        assert!(err.to_string().contains("exec the shim"), "{err}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod error;
 mod events;
 mod exec;
 mod holder;
+mod idmap;
 mod info;
 mod oom;
 mod pod;

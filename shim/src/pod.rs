@@ -74,13 +74,9 @@ pub fn namespaces(config: &PodSandboxConfig, netns: &str) -> Result<Namespaces, 
         .namespace_options
         .clone()
         .unwrap_or_default();
-    if options.userns_options.mode.enum_value_or_default() == NamespaceMode::POD
-        && options.userns_options.is_some()
-    {
-        return Err(ShimError::Unimplemented(
-            "pods with a user namespace of their own are not held by the shim yet".into(),
-        ));
-    }
+    // A pod user namespace: containerd's CRI made the netns inside one with the mappings.
+    let userns = options.userns_options.is_some()
+        && options.userns_options.mode.enum_value_or_default() == NamespaceMode::POD;
     let host_network = options.network.enum_value_or_default() == NamespaceMode::NODE;
     if !host_network && netns.is_empty() {
         return Err(ShimError::InvalidArgument(
@@ -93,6 +89,7 @@ pub fn namespaces(config: &PodSandboxConfig, netns: &str) -> Result<Namespaces, 
         ipc: options.ipc.enum_value_or_default() != NamespaceMode::NODE,
         uts: !host_network,
         hostname: pod_hostname(config),
+        userns,
         sysctls: Vec::new(),
     };
     let mut sysctls: Vec<_> = config.linux.sysctls.iter().collect();
@@ -274,6 +271,12 @@ impl Pod {
         self.times().created_at = Some(SystemTime::now());
     }
 
+    /// The pod's user namespace (its holder's), when it has one of its own.
+    pub fn userns_path(&self) -> Option<PathBuf> {
+        let pid = self.pid();
+        (self.namespaces.userns && pid > 0).then(|| PathBuf::from(format!("/proc/{pid}/ns/user")))
+    }
+
     pub fn pid(&self) -> i32 {
         self.pid.load(Ordering::SeqCst)
     }
@@ -407,13 +410,24 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_user_namespace_is_not_held_yet() {
+    fn a_pod_user_namespace_is_joined_and_the_hosts_is_not() {
         let mut options = NamespaceOption::new();
         let mut userns = UserNamespace::new();
         userns.mode = NamespaceMode::POD.into();
         options.userns_options = Some(userns).into();
-        let err = namespaces(&config_with(options), "/run/netns/x").expect_err("userns");
-        assert!(matches!(err, ShimError::Unimplemented(_)), "{err}");
+        let ns = namespaces(&config_with(options.clone()), "/run/netns/x").expect("userns");
+        assert!(ns.userns);
+        options.userns_options.mut_or_insert_default().mode = NamespaceMode::NODE.into();
+        assert!(
+            !namespaces(&config_with(options), "/run/netns/x")
+                .expect("host")
+                .userns
+        );
+        assert!(
+            !namespaces(&config_with(NamespaceOption::new()), "/run/netns/x")
+                .expect("none")
+                .userns
+        );
     }
 
     #[test]
