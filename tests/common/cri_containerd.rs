@@ -183,8 +183,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{shim_handler}]
       runtime_type = "io.containerd.crius.v2"
       sandboxer = "shim"
+    # runc's runtime type, so containerd asks the shim (`runtime_path`) for the runtime's
+    # features; the proxy starts the pod's shim itself whatever the type.
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{proxy_handler}]
-      runtime_type = "io.containerd.crius.v2"
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = "{shim_path}"
       sandboxer = "{proxy_plugin}"
 
 [proxy_plugins.{proxy_plugin}]
@@ -202,7 +205,19 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         proxy_plugin = PROXY_PLUGIN,
         proxy = proxy.display(),
         restrict_oom = !has_cap_sys_resource(),
+        shim_path = shim_binary().display(),
     )
+}
+
+/// crius's shim as found on the PATH (the test bed puts it there).
+fn shim_binary() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("containerd-shim-crius-v2"))
+                .find(|candidate| candidate.is_file())
+        })
+        .expect("containerd-shim-crius-v2 on the PATH")
 }
 
 /// Whether this process may lower OOM scores (CAP_SYS_RESOURCE, bit 24 of CapEff).
