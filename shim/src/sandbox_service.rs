@@ -27,20 +27,13 @@ pub struct SandboxService(pub Arc<Shim>);
 
 type Answer<T> = ttrpc::Result<T>;
 
-/// Logs one line per call, with its latency and error.
+/// Logs one line per call at info level: a pod's calls are few and each one matters.
 async fn logged<T>(
     method: &str,
     id: &str,
     call: impl std::future::Future<Output = Result<T, ShimError>>,
 ) -> Answer<T> {
-    let started = std::time::Instant::now();
-    let result = call.await;
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
-    match &result {
-        Ok(_) => log::info!("{method} {id} ({ms:.1} ms)"),
-        Err(e) => log::warn!("{method} {id} failed ({ms:.1} ms): {e}"),
-    }
-    result.map_err(Into::into)
+    crate::service::logged_at(log::Level::Info, method, id, call).await
 }
 
 fn optional_timestamp(at: Option<std::time::SystemTime>) -> Option<Timestamp> {

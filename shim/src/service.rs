@@ -31,8 +31,18 @@ pub struct TaskService(pub Arc<Shim>);
 
 type Answer<T> = ttrpc::Result<T>;
 
-/// Logs one line per call, with its latency and error.
+/// Logs one line per call, with its latency and error (a success at debug level).
 async fn logged<T>(
+    method: &str,
+    id: &str,
+    call: impl std::future::Future<Output = Result<T, ShimError>>,
+) -> Answer<T> {
+    logged_at(log::Level::Debug, method, id, call).await
+}
+
+/// Logs one line per call: a success at `level`, a failure one level up.
+pub(crate) async fn logged_at<T>(
+    level: log::Level,
     method: &str,
     id: &str,
     call: impl std::future::Future<Output = Result<T, ShimError>>,
@@ -41,8 +51,15 @@ async fn logged<T>(
     let result = call.await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     match &result {
-        Ok(_) => log::debug!("{method} {id} ({ms:.1} ms)"),
-        Err(e) => log::info!("{method} {id} failed ({ms:.1} ms): {e}"),
+        Ok(_) => log::log!(level, "{method} {id} ({ms:.1} ms)"),
+        Err(e) => {
+            let up = if level == log::Level::Debug {
+                log::Level::Info
+            } else {
+                log::Level::Warn
+            };
+            log::log!(up, "{method} {id} failed ({ms:.1} ms): {e}");
+        }
     }
     result.map_err(Into::into)
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crius::client::CriClient;
 
-use super::{Testbed, bridge_conflist, eventually, kill_shims_and_containers};
+use super::{Testbed, bridge_conflist, clean_up_containerd_dir, eventually, spawn_containerd};
 
 pub const SHIM_HANDLER: &str = "crius-shim";
 pub const PROXY_HANDLER: &str = "crius-proxy";
@@ -75,19 +75,7 @@ impl CriContainerd {
     }
 
     async fn launch(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("log"))
-            .expect("containerd log");
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(self.dir.join("config.toml"))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn containerd");
-        self.child = Some(child);
+        self.child = Some(spawn_containerd(&self.dir));
         let address = self.address.clone();
         let up = eventually(Duration::from_secs(30), || {
             let address = address.clone();
@@ -235,21 +223,10 @@ fn has_cap_sys_resource() -> bool {
 impl Drop for CriContainerd {
     fn drop(&mut self) {
         self.kill();
-        kill_shims_and_containers(&format!(
-            "containerd-shim.*-address {}",
-            self.address.display()
-        ));
         let _ = Command::new("ip")
             .args(["link", "del", &format!("{}0", self.bridge)])
             .stderr(Stdio::null())
             .status();
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "grep ' {0}' /proc/mounts | cut -d' ' -f2 | sort -r | xargs -r -n1 umount -l",
-                self.dir.display()
-            ))
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        clean_up_containerd_dir(&self.dir, &self.address);
     }
 }

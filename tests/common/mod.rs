@@ -586,19 +586,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     }
 
     async fn launch(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("log"))
-            .expect("containerd log");
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(self.dir.join("config.toml"))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn containerd");
-        self.child = Some(child);
+        self.child = Some(spawn_containerd(&self.dir));
         let address = self.address.clone();
         let up = eventually(Duration::from_secs(20), || {
             let address = address.clone();
@@ -640,20 +628,38 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 impl Drop for PrivateContainerd {
     fn drop(&mut self) {
         self.kill();
-        // Its shims name its socket; nothing else may be left running.
-        kill_shims_and_containers(&format!(
-            "containerd-shim.*-address {}",
-            self.address.display()
-        ));
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "grep ' {0}' /proc/mounts | cut -d' ' -f2 | sort -r | xargs -r -n1 umount -l",
-                self.dir.display()
-            ))
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        clean_up_containerd_dir(&self.dir, &self.address);
     }
+}
+
+/// Starts containerd with `<dir>/config.toml`, logging to `<dir>/log`.
+pub fn spawn_containerd(dir: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("log"))
+        .expect("containerd log");
+    Command::new("containerd")
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn containerd")
+}
+
+/// After a test's own containerd is gone: its shims (they name its socket) and what they
+/// run, the mounts below its directory, and the directory.
+pub fn clean_up_containerd_dir(dir: &Path, address: &Path) {
+    kill_shims_and_containers(&format!("containerd-shim.*-address {}", address.display()));
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "grep ' {0}' /proc/mounts | cut -d' ' -f2 | sort -r | xargs -r -n1 umount -l",
+            dir.display()
+        ))
+        .status();
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Kills the shims whose command line matches `pattern` and, first, the container processes
