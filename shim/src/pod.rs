@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use crate::error::ShimError;
 use crate::holder::Namespaces;
 use crate::process::Exit;
-use crate::protos::pod_config::{NamespaceMode, PodSandboxConfig};
+use crate::protos::pod_config::{IDMapping, NamespaceMode, NamespaceOption, PodSandboxConfig};
 
 /// The type containerd's CRI gives the pod config it passes as CreateSandbox's options.
 const POD_CONFIG_TYPE: &str = "runtime.v1.PodSandboxConfig";
@@ -74,9 +74,7 @@ pub fn namespaces(config: &PodSandboxConfig, netns: &str) -> Result<Namespaces, 
         .namespace_options
         .clone()
         .unwrap_or_default();
-    // A pod user namespace: containerd's CRI made the netns inside one with the mappings.
-    let userns = options.userns_options.is_some()
-        && options.userns_options.mode.enum_value_or_default() == NamespaceMode::POD;
+    let userns = pod_userns(&options)?;
     let host_network = options.network.enum_value_or_default() == NamespaceMode::NODE;
     if !host_network && netns.is_empty() {
         return Err(ShimError::InvalidArgument(
@@ -151,6 +149,32 @@ fn sysctl_path(name: &str, value: &str, ns: &Namespaces) -> Result<String, ShimE
         return Err(refuse("the pod shares that namespace with the host"));
     }
     Ok(path)
+}
+
+/// Whether the pod has a user namespace of its own (containerd's CRI made the pod's
+/// network namespace inside one with the pod's mappings), refusing what a pause sandbox's
+/// runtime would refuse: a mode other than POD or NODE, and mappings without root.
+fn pod_userns(options: &NamespaceOption) -> Result<bool, ShimError> {
+    if options.userns_options.is_none() {
+        return Ok(false);
+    }
+    let userns = &options.userns_options;
+    match userns.mode.enum_value_or_default() {
+        NamespaceMode::NODE => Ok(false),
+        NamespaceMode::POD => {
+            let maps_root =
+                |maps: &[IDMapping]| maps.iter().any(|m| m.container_id == 0 && m.length > 0);
+            if !maps_root(&userns.uids) || !maps_root(&userns.gids) {
+                return Err(ShimError::InvalidArgument(
+                    "a pod user namespace must map container ID 0 (uid and gid)".into(),
+                ));
+            }
+            Ok(true)
+        }
+        other => Err(ShimError::InvalidArgument(format!(
+            "unsupported user namespace mode {other:?} for a pod"
+        ))),
+    }
 }
 
 /// The pod's hostname, or the node's when it names none (as containerd's CRI does).
@@ -409,25 +433,52 @@ mod tests {
         assert!(matches!(err, ShimError::InvalidArgument(_)), "{err}");
     }
 
+    fn userns_options(mode: NamespaceMode, container_id: u32) -> NamespaceOption {
+        let mut mapping = IDMapping::new();
+        mapping.container_id = container_id;
+        mapping.host_id = 100_000;
+        mapping.length = 65536;
+        let mut userns = UserNamespace::new();
+        userns.mode = mode.into();
+        userns.uids = vec![mapping.clone()];
+        userns.gids = vec![mapping];
+        let mut options = NamespaceOption::new();
+        options.userns_options = Some(userns).into();
+        options
+    }
+
     #[test]
     fn a_pod_user_namespace_is_joined_and_the_hosts_is_not() {
-        let mut options = NamespaceOption::new();
-        let mut userns = UserNamespace::new();
-        userns.mode = NamespaceMode::POD.into();
-        options.userns_options = Some(userns).into();
-        let ns = namespaces(&config_with(options.clone()), "/run/netns/x").expect("userns");
-        assert!(ns.userns);
-        options.userns_options.mut_or_insert_default().mode = NamespaceMode::NODE.into();
+        let pod = userns_options(NamespaceMode::POD, 0);
         assert!(
-            !namespaces(&config_with(options), "/run/netns/x")
+            namespaces(&config_with(pod), "/run/netns/x")
+                .expect("userns")
+                .userns
+        );
+        let node = userns_options(NamespaceMode::NODE, 0);
+        assert!(
+            !namespaces(&config_with(node), "/run/netns/x")
                 .expect("host")
                 .userns
         );
+        let none = NamespaceOption::new();
         assert!(
-            !namespaces(&config_with(NamespaceOption::new()), "/run/netns/x")
+            !namespaces(&config_with(none), "/run/netns/x")
                 .expect("none")
                 .userns
         );
+    }
+
+    #[test]
+    fn user_namespaces_a_runtime_would_refuse_are_refused() {
+        for options in [
+            userns_options(NamespaceMode::POD, 1),
+            userns_options(NamespaceMode::CONTAINER, 0),
+            userns_options(NamespaceMode::TARGET, 0),
+        ] {
+            let err = namespaces(&config_with(options), "/run/netns/x").expect_err("refused");
+            assert!(matches!(err, ShimError::InvalidArgument(_)), "{err}");
+        }
     }
 
     #[test]
