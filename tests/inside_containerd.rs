@@ -370,3 +370,65 @@ async fn a_pod_in_its_own_user_namespace_is_held_in_it() {
     assert_eq!(owner.trim(), "0:0");
     stop_and_remove(&cricd, pod, &[one]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_the_shim_refuses_leaves_no_shim_behind() {
+    if skip_before_containerd_2() {
+        return;
+    }
+    let cricd = CriContainerd::start(163).await;
+    let proxy = cricd.proxy_socket.clone();
+    let address = cricd.address.clone();
+    let root = cricd.dir.join("root");
+    let _crius = Crius::start_with(
+        |config| {
+            config.sandbox_controller.address = proxy;
+            config.containerd.address = address;
+            config.containerd.root = root;
+        },
+        &[],
+    )
+    .await;
+    let mut client = cricd.client().await;
+    for handler in [SHIM_HANDLER, PROXY_HANDLER] {
+        let mut config = pod_config(&format!("refused-{handler}"));
+        let mapping = vec![IdMapping {
+            host_id: 200_000,
+            container_id: 0,
+            length: 65536,
+        }];
+        config.linux = Some(LinuxPodSandboxConfig {
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    userns_options: Some(UserNamespace {
+                        mode: NamespaceMode::Container as i32,
+                        uids: mapping.clone(),
+                        gids: mapping,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let refused = client
+            .runtime
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: handler.to_string(),
+            })
+            .await
+            .expect_err("a pod user namespace of mode CONTAINER");
+        assert!(
+            refused
+                .message()
+                .contains("unsupported user namespace mode"),
+            "{handler}: {refused:?}"
+        );
+        let gone = eventually(Duration::from_secs(10), || async {
+            cricd.shims("containerd-shim-crius-v2").is_empty()
+        })
+        .await;
+        assert!(gone, "{handler}: the refused pod's shim stayed");
+    }
+}

@@ -114,10 +114,17 @@ impl SandboxService {
         })
     }
 
+    /// Ends the pod and the shim. A shim whose CreateSandbox failed holds no pod and ends
+    /// all the same: containerd (or crius) shuts it down to clean up.
     async fn shutdown(&self, id: &str) -> Result<(), ShimError> {
-        let pod = self.pod(id)?;
-        if let Err(e) = pod.stop(DEFAULT_STOP_TIMEOUT).await {
-            log::warn!("shutting down pod {id}: {e}");
+        match self.0.pod() {
+            Some(pod) if pod.id == id => {
+                if let Err(e) = pod.stop(DEFAULT_STOP_TIMEOUT).await {
+                    log::warn!("shutting down pod {id}: {e}");
+                }
+            }
+            Some(_) => return Err(ShimError::NotFound(format!("sandbox {id}"))),
+            None => log::info!("no pod {id} was made: the shim ends"),
         }
         if !self.0.is_empty() {
             log::warn!("pod {id} shut down with containers left in the shim");
