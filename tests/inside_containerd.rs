@@ -39,6 +39,7 @@ async fn run_pod(cricd: &CriContainerd, handler: &str, logs: &std::path::Path) -
         linux
             .sysctls
             .insert("kernel.shm_rmid_forced".into(), "1".into());
+        linux.cgroup_parent = cgroup_parent(handler);
     }
     config.dns_config = Some(DnsConfig {
         servers: vec!["10.9.9.9".into()],
@@ -58,6 +59,27 @@ async fn run_pod(cricd: &CriContainerd, handler: &str, logs: &std::path::Path) -
         .into_inner()
         .pod_sandbox_id;
     Pod { client, id, config }
+}
+
+fn cgroup_parent(handler: &str) -> String {
+    format!("/crius-inside-{handler}-{}", std::process::id())
+}
+
+/// The pid of the holder of the pod whose shim names `address`.
+fn holder_pid(cricd: &CriContainerd) -> Option<u32> {
+    let shims = cricd.shims("containerd-shim-crius-v2");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let parent = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse::<u32>().ok());
+            cmdline.ends_with(b"\0pause\0") && parent.is_some_and(|p| shims.contains(&p))
+        })
 }
 
 async fn container_state(pod: &mut Pod, id: &str) -> i32 {
@@ -149,6 +171,20 @@ async fn check_pod_of_two(cricd: &CriContainerd, pod: &mut Pod) -> (String, Stri
     let addr = exec_ok(pod, &two, &["ip", "-4", "addr", "show", "eth0"]).await;
     assert!(addr.contains("inet 10."), "{addr}");
 
+    // The holder is in the pod's cgroup, below the pod's cgroup parent.
+    let holder = holder_pid(cricd).expect("the pod's holder");
+    let cgroups = std::fs::read_to_string(format!("/proc/{holder}/cgroup")).expect("cgroup");
+    let parent = pod
+        .config
+        .linux
+        .as_ref()
+        .map(|l| l.cgroup_parent.clone())
+        .unwrap_or_default();
+    assert!(
+        cgroups.contains(&format!("{parent}/{}", pod.id)),
+        "holder's cgroups: {cgroups}"
+    );
+
     // Its log, written by containerd's CRI from the shim's stdio.
     let log = pod.log_path("one");
     let logged =
@@ -174,6 +210,12 @@ async fn check_pod_of_two(cricd: &CriContainerd, pod: &mut Pod) -> (String, Stri
 }
 
 async fn stop_and_remove(cricd: &CriContainerd, mut pod: Pod, containers: &[String]) {
+    let handler = pod
+        .config
+        .metadata
+        .as_ref()
+        .map(|m| m.name.trim_start_matches("inside-").to_string())
+        .unwrap_or_default();
     for id in containers {
         pod.stop(id, 5).await;
         assert_eq!(
@@ -199,6 +241,7 @@ async fn stop_and_remove(cricd: &CriContainerd, mut pod: Pod, containers: &[Stri
     })
     .await;
     assert!(gone, "the pod's shim outlived its removal");
+    common::remove_cgroup(&cgroup_parent(&handler));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

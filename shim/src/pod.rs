@@ -31,6 +31,9 @@ pub struct Pod {
     dir: PathBuf,
     namespaces: Namespaces,
     host_ipc: bool,
+    /// The pod's cgroup (`<cgroup_parent>/<id>`, cgroupfs paths), where its holder goes.
+    cgroup_path: Option<String>,
+    cgroup: Mutex<Option<cgroups_rs::fs::Cgroup>>,
     pid: AtomicI32,
     times: Mutex<Times>,
     exit: watch::Sender<Option<Exit>>,
@@ -177,6 +180,29 @@ fn pod_userns(options: &NamespaceOption) -> Result<bool, ShimError> {
     }
 }
 
+/// The pod's cgroup below `cgroup_parent` (a cgroupfs path; none with systemd's slices,
+/// which only systemd may make, nor without a parent). A parent that would leave the
+/// cgroup tree is refused.
+fn pod_cgroup_path(parent: &str, id: &str) -> Result<Option<String>, ShimError> {
+    let parent = parent.trim_matches('/');
+    if parent.is_empty() || parent.ends_with(".slice") {
+        return Ok(None);
+    }
+    let safe = parent.len() <= 1024
+        && parent
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+        && parent
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':'));
+    if !safe {
+        return Err(ShimError::InvalidArgument(format!(
+            "cgroup parent {parent:?} is not a cgroup path"
+        )));
+    }
+    Ok(Some(format!("{parent}/{id}")))
+}
+
 /// The pod's hostname, or the node's when it names none (as containerd's CRI does).
 fn pod_hostname(config: &PodSandboxConfig) -> String {
     if config.hostname.is_empty() {
@@ -232,6 +258,8 @@ impl Pod {
             id: id.to_string(),
             dir,
             host_ipc: !namespaces.ipc,
+            cgroup_path: pod_cgroup_path(&config.linux.cgroup_parent, id)?,
+            cgroup: Mutex::new(None),
             namespaces,
             pid: AtomicI32::new(0),
             times: Mutex::new(Times::default()),
@@ -286,6 +314,39 @@ impl Pod {
                 times.shm_mounted = false;
             }
             Err(e) => log::warn!("unmount {}: {e}", path.display()),
+        }
+    }
+
+    /// Puts the holder in the pod's cgroup, as a pause container is put in it (a
+    /// failure is logged: the pod runs on, accounted to the shim's cgroup).
+    pub fn join_cgroup(&self, pid: i32) {
+        let Some(path) = &self.cgroup_path else {
+            return;
+        };
+        let joined = cgroups_rs::fs::Cgroup::new(cgroups_rs::fs::hierarchies::auto(), path)
+            .and_then(|cgroup| {
+                cgroup.add_task_by_tgid(cgroups_rs::CgroupPid::from(pid as u64))?;
+                Ok(cgroup)
+            });
+        match joined {
+            Ok(cgroup) => {
+                *self.cgroup.lock().unwrap_or_else(PoisonError::into_inner) = Some(cgroup);
+            }
+            Err(e) => log::warn!("pod {}: holder not in cgroup {path}: {e}", self.id),
+        }
+    }
+
+    /// Removes the pod's cgroup once its holder is gone.
+    fn remove_cgroup(&self) {
+        let taken = self
+            .cgroup
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(cgroup) = taken
+            && let Err(e) = cgroup.delete()
+        {
+            log::warn!("pod {}: remove its cgroup: {e}", self.id);
         }
     }
 
@@ -376,6 +437,9 @@ impl Pod {
             }
         }
         self.release_shm();
+        if self.has_exited() {
+            self.remove_cgroup();
+        }
         Ok(())
     }
 
@@ -512,6 +576,22 @@ mod tests {
             assert!(matches!(err, ShimError::InvalidArgument(_)), "{err}");
         }
         assert!(sysctl_path("kernel.shmmax", &"9".repeat(5000), &ns).is_err());
+    }
+
+    #[test]
+    fn the_pods_cgroup_is_below_its_parent_and_stays_in_the_tree() {
+        assert_eq!(pod_cgroup_path("", "p").expect("none"), None);
+        assert_eq!(
+            pod_cgroup_path("kubepods.slice", "p").expect("systemd"),
+            None
+        );
+        assert_eq!(
+            pod_cgroup_path("/kubepods/besteffort/pod1", "p").expect("cgroupfs"),
+            Some("kubepods/besteffort/pod1/p".to_string())
+        );
+        for bad in ["/../../etc", "/a//b", "/a b"] {
+            assert!(pod_cgroup_path(bad, "p").is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -100,6 +100,7 @@ impl SandboxService {
                 .await
                 .map_err(|e| ShimError::Internal(format!("start pod: {e}")))??;
             pod.started(pid);
+            pod.join_cgroup(pid);
             if let Some(exit) = self.0.take_early_exit(pid) {
                 pod.exited(exit);
             }
