@@ -19,6 +19,8 @@ pub const CONTAINER_METADATA_EXTENSION: &str = "io.crius.container.metadata";
 const CONTAINER_METADATA_TYPE: &str = "crius.io/ContainerMetadata/v1";
 /// How long an exited container's output may keep flowing before its log is closed.
 pub const EXIT_DRAIN: Duration = Duration::from_secs(2);
+/// How long recording an exit waits for the exited task's delete.
+pub const TASK_DELETE_WAIT: Duration = Duration::from_secs(10);
 /// Exit code and reason of a container whose start failed, as containerd reports them.
 pub const START_ERROR_EXIT_CODE: i32 = 128;
 pub const START_ERROR_REASON: &str = "StartError";
@@ -138,6 +140,23 @@ impl CriService {
             return;
         }
         container.io.drain(EXIT_DRAIN).await;
+        // The task goes before the exit shows: StopContainer, which waits for the exit,
+        // then includes the delete (as containerd's CRI does), and RemoveContainer only
+        // drops records. A shim that does not answer delays the record by at most the bound.
+        match tokio::time::timeout(
+            TASK_DELETE_WAIT,
+            self.containerd.delete_task(container.id()),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(container = %container.id(), error = %e, "deleting the exited task failed");
+            }
+            Err(_) => {
+                tracing::warn!(container = %container.id(), "deleting the exited task timed out");
+            }
+        }
         let code = code as i32;
         let reason = exit_reason(code, container.oom_killed());
         container.update_status(|s| {
@@ -154,9 +173,6 @@ impl CriService {
             &container.metadata.sandbox_id,
             crate::api::v1::ContainerEventType::ContainerStoppedEvent,
         );
-        if let Err(e) = self.containerd.delete_task(container.id()).await {
-            tracing::warn!(container = %container.id(), error = %e, "deleting the exited task failed");
-        }
     }
 
     /// Stops a running container: its stop signal, up to `timeout`, then SIGKILL. Returns
