@@ -15,8 +15,8 @@ use common::{containerd_major, eventually, pod_config};
 use crius::api::v1::{
     ContainerState, ContainerStatusRequest, DnsConfig, IdMapping, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    NamespaceMode, NamespaceOption, PodSandboxState, PodSandboxStatusRequest, RunPodSandboxRequest,
-    StopPodSandboxRequest, UserNamespace,
+    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxState, PodSandboxStatusRequest,
+    RunPodSandboxRequest, StopPodSandboxRequest, UserNamespace,
 };
 
 fn skip_before_containerd_2() -> bool {
@@ -59,6 +59,31 @@ async fn run_pod(cricd: &CriContainerd, handler: &str, logs: &std::path::Path) -
         .into_inner()
         .pod_sandbox_id;
     Pod { client, id, config }
+}
+
+/// A pod in a user namespace of `mode`, container root mapped to host ID 200000.
+fn userns_pod_config(name: &str, mode: NamespaceMode) -> PodSandboxConfig {
+    let mapping = vec![IdMapping {
+        host_id: 200_000,
+        container_id: 0,
+        length: 65536,
+    }];
+    let mut config = pod_config(name);
+    config.linux = Some(LinuxPodSandboxConfig {
+        security_context: Some(LinuxSandboxSecurityContext {
+            namespace_options: Some(NamespaceOption {
+                userns_options: Some(UserNamespace {
+                    mode: mode as i32,
+                    uids: mapping.clone(),
+                    gids: mapping,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    config
 }
 
 fn cgroup_parent(handler: &str) -> String {
@@ -357,27 +382,8 @@ async fn a_pod_in_its_own_user_namespace_is_held_in_it() {
     let cricd = CriContainerd::start(162).await;
     let mut client = cricd.client().await;
     pull(&mut client, "busybox:latest").await;
-    let mut config = pod_config("inside-userns");
+    let mut config = userns_pod_config("inside-userns", NamespaceMode::Pod);
     config.log_directory = logs.path().display().to_string();
-    let mapping = vec![IdMapping {
-        host_id: 200_000,
-        container_id: 0,
-        length: 65536,
-    }];
-    config.linux = Some(LinuxPodSandboxConfig {
-        security_context: Some(LinuxSandboxSecurityContext {
-            namespace_options: Some(NamespaceOption {
-                userns_options: Some(UserNamespace {
-                    mode: NamespaceMode::Pod as i32,
-                    uids: mapping.clone(),
-                    gids: mapping,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
     let id = client
         .runtime
         .run_pod_sandbox(RunPodSandboxRequest {
@@ -434,26 +440,7 @@ async fn a_pod_the_shim_refuses_leaves_no_shim_behind() {
     .await;
     let mut client = cricd.client().await;
     for handler in [SHIM_HANDLER, PROXY_HANDLER] {
-        let mut config = pod_config(&format!("refused-{handler}"));
-        let mapping = vec![IdMapping {
-            host_id: 200_000,
-            container_id: 0,
-            length: 65536,
-        }];
-        config.linux = Some(LinuxPodSandboxConfig {
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption {
-                    userns_options: Some(UserNamespace {
-                        mode: NamespaceMode::Container as i32,
-                        uids: mapping.clone(),
-                        gids: mapping,
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        let config = userns_pod_config(&format!("refused-{handler}"), NamespaceMode::Container);
         let refused = client
             .runtime
             .run_pod_sandbox(RunPodSandboxRequest {
