@@ -12,17 +12,17 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/pod.rs"]
+mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cri_containerd::{CriContainerd, PROXY_HANDLER, SHIM_HANDLER};
 use common::pod::image;
 use common::{Crius, TestNetwork, containerd_major, pod_config};
-use crius::api::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PullImageRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
-};
+use crius::api::v1::{ImageSpec, PullImageRequest};
 use crius::client::CriClient;
+use support::{bring_up, tear_down};
 
 const PODS: usize = 50;
 
@@ -36,22 +36,6 @@ struct Measured {
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
-}
-
-fn workload() -> ContainerConfig {
-    ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: "app".into(),
-            attempt: 0,
-        }),
-        image: Some(ImageSpec {
-            image: image("busybox:latest"),
-            ..Default::default()
-        }),
-        command: ["sleep", "3600"].map(String::from).to_vec(),
-        log_path: "app.log".into(),
-        ..Default::default()
-    }
 }
 
 /// A process's proportional set size, KiB.
@@ -136,7 +120,7 @@ async fn pull_busybox(client: &mut CriClient) {
 }
 
 /// Brings up the pods on `handler`; returns their ids and the two latencies of each.
-async fn bring_up(
+async fn bring_up_all(
     client: &mut CriClient,
     handler: &str,
     logs: &std::path::Path,
@@ -145,60 +129,12 @@ async fn bring_up(
     for i in 0..PODS {
         let mut config = pod_config(&format!("inside-bench-{i}"));
         config.log_directory = logs.join(i.to_string()).display().to_string();
-        let t = Instant::now();
-        let pod = client
-            .runtime
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: handler.to_string(),
-            })
-            .await
-            .expect("RunPodSandbox")
-            .into_inner()
-            .pod_sandbox_id;
-        runs.push(t.elapsed());
-        let container = client
-            .runtime
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: pod.clone(),
-                config: Some(workload()),
-                sandbox_config: Some(config),
-            })
-            .await
-            .expect("CreateContainer")
-            .into_inner()
-            .container_id;
-        let t = Instant::now();
-        client
-            .runtime
-            .start_container(StartContainerRequest {
-                container_id: container,
-            })
-            .await
-            .expect("StartContainer");
-        starts.push(t.elapsed());
+        let (pod, [run, start]) = bring_up(client, config, handler).await;
         ids.push(pod);
+        runs.push(run);
+        starts.push(start);
     }
     (ids, runs, starts)
-}
-
-async fn tear_down(client: &mut CriClient, pods: &[String]) {
-    for id in pods {
-        client
-            .runtime
-            .stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.clone(),
-            })
-            .await
-            .expect("StopPodSandbox");
-        client
-            .runtime
-            .remove_pod_sandbox(RemovePodSandboxRequest {
-                pod_sandbox_id: id.clone(),
-            })
-            .await
-            .expect("RemovePodSandbox");
-    }
 }
 
 /// One mode: `daemon` is the crius process whose growth the pods cost, if any.
@@ -212,11 +148,13 @@ async fn measure(
     pull_busybox(client).await;
     let logs = tempfile::tempdir().expect("log dir");
     let daemon_before = daemon.map_or(0, pss_kib);
-    let (pods, mut runs, mut starts) = bring_up(client, handler, logs.path()).await;
+    let (pods, mut runs, mut starts) = bring_up_all(client, handler, logs.path()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let overhead: u64 = pod_overhead(shims_of).into_iter().map(pss_kib).sum();
     let daemon_growth = daemon.map_or(0, |pid| pss_kib(pid).saturating_sub(daemon_before));
-    tear_down(client, &pods).await;
+    for pod in &pods {
+        tear_down(client, pod).await;
+    }
     let measured = Measured {
         name,
         kib_per_pod: (overhead + daemon_growth) / PODS as u64,

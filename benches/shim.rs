@@ -10,17 +10,14 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/pod.rs"]
+mod support;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::pod::image;
 use common::{Crius, TestNetwork, pod_config};
-use crius::api::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PodSandboxConfig,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
-};
-use crius::client::CriClient;
+use support::{bring_up, tear_down};
 
 const ROUNDS: usize = 20;
 const PODS: usize = 50;
@@ -36,81 +33,6 @@ fn median(samples: &mut [Duration]) -> Duration {
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn workload() -> ContainerConfig {
-    ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: "app".to_string(),
-            attempt: 0,
-        }),
-        image: Some(ImageSpec {
-            image: image("busybox:latest"),
-            ..Default::default()
-        }),
-        command: ["sleep", "3600"].map(String::from).to_vec(),
-        log_path: "app.log".to_string(),
-        ..Default::default()
-    }
-}
-
-fn pod(name: &str) -> PodSandboxConfig {
-    let config = pod_config(name);
-    std::fs::create_dir_all(&config.log_directory).expect("create the pod log directory");
-    config
-}
-
-/// Runs a pod with one container on `handler`; returns the pod id and the latency of
-/// RunPodSandbox and StartContainer.
-async fn bring_up(client: &mut CriClient, name: &str, handler: &str) -> (String, [Duration; 2]) {
-    let config = pod(name);
-    let t = Instant::now();
-    let pod_id = client
-        .runtime
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: handler.to_string(),
-        })
-        .await
-        .expect("RunPodSandbox")
-        .into_inner()
-        .pod_sandbox_id;
-    let run = t.elapsed();
-    let container_id = client
-        .runtime
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: pod_id.clone(),
-            config: Some(workload()),
-            sandbox_config: Some(config),
-        })
-        .await
-        .expect("CreateContainer")
-        .into_inner()
-        .container_id;
-    let t = Instant::now();
-    client
-        .runtime
-        .start_container(StartContainerRequest { container_id })
-        .await
-        .expect("StartContainer");
-    (pod_id, [run, t.elapsed()])
-}
-
-async fn tear_down(client: &mut CriClient, pod_id: &str) {
-    client
-        .runtime
-        .stop_pod_sandbox(StopPodSandboxRequest {
-            pod_sandbox_id: pod_id.to_string(),
-        })
-        .await
-        .expect("StopPodSandbox");
-    client
-        .runtime
-        .remove_pod_sandbox(RemovePodSandboxRequest {
-            pod_sandbox_id: pod_id.to_string(),
-        })
-        .await
-        .expect("RemovePodSandbox");
 }
 
 /// The summed VmRSS (KiB) and count of the serving shims of `binary` in `namespace`.
@@ -155,8 +77,12 @@ async fn main() {
     let mut samples: Vec<[Vec<Duration>; 2]> = vec![Default::default(), Default::default()];
     for round in 0..=ROUNDS {
         for (h, (handler, _)) in HANDLERS.iter().enumerate() {
-            let (pod_id, [run, start]) =
-                bring_up(&mut client, &format!("lat-{h}-{round}"), handler).await;
+            let (pod_id, [run, start]) = bring_up(
+                &mut client,
+                pod_config(&format!("lat-{h}-{round}")),
+                handler,
+            )
+            .await;
             tear_down(&mut client, &pod_id).await;
             if round > 0 {
                 samples[h][0].push(run);
@@ -170,7 +96,8 @@ async fn main() {
     for (h, (handler, binary)) in HANDLERS.iter().enumerate() {
         let mut pods = Vec::new();
         for i in 0..PODS {
-            let (pod_id, _) = bring_up(&mut client, &format!("mem-{h}-{i}"), handler).await;
+            let (pod_id, _) =
+                bring_up(&mut client, pod_config(&format!("mem-{h}-{i}")), handler).await;
             pods.push(pod_id);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
