@@ -462,3 +462,75 @@ async fn a_pod_the_shim_refuses_leaves_no_shim_behind() {
         assert!(gone, "{handler}: the refused pod's shim stayed");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_pod_whose_shim_died_while_crius_was_down_becomes_not_ready() {
+    if skip_before_containerd_2() {
+        return;
+    }
+    let logs = tempfile::tempdir().expect("log dir");
+    let cricd = CriContainerd::start(164).await;
+    let proxy = cricd.proxy_socket.clone();
+    let address = cricd.address.clone();
+    let root = cricd.dir.join("root");
+    let mut crius = Crius::start_with(
+        |config| {
+            config.sandbox_controller.address = proxy;
+            config.containerd.address = address;
+            config.containerd.root = root;
+        },
+        &[],
+    )
+    .await;
+    let mut pod = run_pod(&cricd, PROXY_HANDLER, logs.path()).await;
+    assert_eq!(
+        pod_state(&mut pod).await,
+        PodSandboxState::SandboxReady as i32
+    );
+
+    // crius goes down, and the pod's shim dies with its holder while it is away.
+    crius.kill().await;
+    common::kill_shims_and_containers(&format!(
+        "containerd-shim-crius-v2.*-address {}",
+        cricd.address.display()
+    ));
+    crius.restart_after_crash().await;
+    // containerd's retried Wait now learns the pod is gone.
+    let not_ready = eventually(Duration::from_secs(20), || {
+        let mut client = pod.client.clone();
+        let id = pod.id.clone();
+        async move {
+            client
+                .runtime
+                .pod_sandbox_status(PodSandboxStatusRequest {
+                    pod_sandbox_id: id,
+                    verbose: false,
+                })
+                .await
+                .ok()
+                .and_then(|r| r.into_inner().status)
+                .is_some_and(|s| s.state == PodSandboxState::SandboxNotready as i32)
+        }
+    })
+    .await;
+    assert!(not_ready, "the pod whose shim died stayed ready");
+    pod.client
+        .runtime
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: pod.id.clone(),
+        })
+        .await
+        .expect("stop pod");
+    let bundle = crius
+        .config
+        .state
+        .join("sandboxer")
+        .join("k8s.io")
+        .join(&pod.id);
+    pod.remove_pod().await;
+    assert!(
+        !bundle.exists(),
+        "the dead shim's bundle (and its /dev/shm) outlived the pod"
+    );
+    common::remove_cgroup(&cgroup_parent(PROXY_HANDLER));
+}

@@ -214,10 +214,25 @@ fn pod_hostname(config: &PodSandboxConfig) -> String {
     }
 }
 
+/// Most bytes of a host file a pod gets a copy of.
+const HOST_FILE_LIMIT: u64 = 1 << 20;
+
+/// A host file the pod gets a copy of (`/etc/hosts`, `/etc/resolv.conf`), bounded.
+fn read_host_file(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(HOST_FILE_LIMIT)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
 /// `resolv.conf` from the pod's DNS config, or the host's when it has none.
 fn resolv_conf(config: &PodSandboxConfig) -> String {
     let Some(dns) = config.dns_config.as_ref() else {
-        return std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        return read_host_file("/etc/resolv.conf").unwrap_or_default();
     };
     let mut text = String::new();
     for server in &dns.servers {
@@ -243,7 +258,7 @@ impl Pod {
         let dir = bundle.join(POD_DIR);
         std::fs::create_dir_all(&dir)
             .map_err(|e| ShimError::io(format!("create {}", dir.display()), e))?;
-        let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_else(|_| DEFAULT_HOSTS.into());
+        let hosts = read_host_file("/etc/hosts").unwrap_or_else(|| DEFAULT_HOSTS.into());
         let files = [
             ("hostname", format!("{}\n", namespaces.hostname)),
             ("hosts", hosts),

@@ -123,6 +123,8 @@ impl SandboxService {
                 if let Err(e) = pod.stop(DEFAULT_STOP_TIMEOUT).await {
                     log::warn!("shutting down pod {id}: {e}");
                 }
+                // Even with a holder that would not die: containerd removes the bundle next.
+                pod.release_shm();
             }
             Some(_) => return Err(ShimError::NotFound(format!("sandbox {id}"))),
             None => log::info!("no pod {id} was made: the shim ends"),

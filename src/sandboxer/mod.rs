@@ -155,8 +155,10 @@ impl SandboxController {
             return Ok(shim);
         }
         let bundle = self.bundle(namespace, id)?;
-        let address =
-            shim::recorded_address(&bundle).ok_or_else(|| SandboxerError::NotFound(id.into()))?;
+        let dir = bundle.clone();
+        let address = blocking(move || Ok(shim::recorded_address(&dir)))
+            .await?
+            .ok_or_else(|| SandboxerError::NotFound(id.into()))?;
         let shim = ShimClient::connect(&address, &bundle).await?;
         tracing::info!(sandbox = id, %address, "found the pod's shim again");
         self.remember(namespace, id, shim.clone());
@@ -173,10 +175,17 @@ impl SandboxController {
         if self.known(namespace, &id).is_some() || bundle.exists() {
             return Err(SandboxerError::AlreadyExists(id));
         }
-        create_private_dir(&bundle)?;
+        let dir = bundle.clone();
+        blocking(move || create_private_dir(&dir)).await?;
         let made = self.start_shim(namespace, &id, &bundle, req).await;
         if made.is_err() {
-            let _ = std::fs::remove_dir_all(&bundle);
+            // A start that failed late (or timed out) may have left its shim serving.
+            if let Some(address) = shim::recorded_address(&bundle)
+                && let Ok(shim) = ShimClient::connect(&address, &bundle).await
+            {
+                shutdown_shim(&shim, &id).await;
+            }
+            let _ = blocking(move || remove_dir(&bundle)).await;
         }
         made
     }
@@ -286,14 +295,18 @@ impl SandboxController {
         namespace: &str,
         id: &str,
     ) -> Result<api::ControllerWaitResponse, SandboxerError> {
-        let shim = self.shim(namespace, id).await?;
         let request = shim_api::WaitSandboxRequest {
             sandbox_id: id.to_string(),
         };
-        match shim
-            .call::<_, shim_api::WaitSandboxResponse>("WaitSandbox", &request, None)
-            .await
-        {
+        let waited = match self.shim(namespace, id).await {
+            Ok(shim) => {
+                shim.call::<_, shim_api::WaitSandboxResponse>("WaitSandbox", &request, None)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        // Unavailable here is the shim's, not crius's: containerd would retry it forever.
+        match waited {
             Ok(exit) => Ok(api::ControllerWaitResponse {
                 exit_status: exit.exit_status,
                 exited_at: exit.exited_at,
@@ -360,14 +373,7 @@ impl SandboxController {
             Err(e) => return Err(e),
         }
         self.forget(namespace, id);
-        match std::fs::remove_dir_all(&bundle) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(SandboxerError::Shim(format!(
-                "remove {}: {e}",
-                bundle.display()
-            ))),
-        }
+        blocking(move || remove_dir(&bundle)).await
     }
 
     pub async fn metrics(
@@ -419,6 +425,34 @@ async fn shutdown_shim(shim: &ShimClient, id: &str) {
         sandbox = id,
         "the pod's shim still serves after its shutdown"
     );
+}
+
+/// Runs file system work off the async worker threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, SandboxerError> + Send + 'static,
+) -> Result<T, SandboxerError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| SandboxerError::Shim(format!("file system work: {e}")))?
+}
+
+/// Where a crius shim mounts a pod's /dev/shm in its bundle: a shim that died without its
+/// shutdown leaves it mounted.
+const POD_SHM: &str = "pod/shm";
+
+fn remove_dir(path: &Path) -> Result<(), SandboxerError> {
+    let shm = path.join(POD_SHM);
+    if let Err(e) = crate::mount::unmount_all(&shm) {
+        tracing::warn!(path = %shm.display(), error = %e, "unmounting a dead shim's pod /dev/shm");
+    }
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(SandboxerError::Shim(format!(
+            "remove {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 fn create_private_dir(path: &Path) -> Result<(), SandboxerError> {

@@ -17,6 +17,8 @@ const SERVICE: &str = "containerd.runtime.sandbox.v1.Sandbox";
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes read from `start`'s output (a JSON line with an address).
 const START_OUTPUT_LIMIT: u64 = 64 * 1024;
+/// Most bytes read from a bundle's `address` file (a unix socket path).
+const ADDRESS_LIMIT: u64 = 4096;
 /// Deadline of the quick calls (all but Wait and Stop, which take their own).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -107,7 +109,13 @@ fn parse_bootstrap(out: &[u8]) -> Result<String, SandboxerError> {
 /// The address a shim's `start` wrote into its bundle (`address`), to find it again after
 /// a restart of crius.
 pub fn recorded_address(bundle: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(bundle.join("address")).ok()?;
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(bundle.join("address"))
+        .ok()?
+        .take(ADDRESS_LIMIT)
+        .read_to_string(&mut text)
+        .ok()?;
     let address = text.trim();
     address.starts_with("unix://").then(|| address.to_string())
 }
