@@ -1,11 +1,14 @@
-//! Lifecycle benchmark: crius against containerd's built-in CRI plugin on the same machine,
-//! driven by the same client with the same requests. Both run crius's pause program as the
-//! sandbox image and busybox containers, each runtime with a bridge network of its own.
+//! The comparison benchmark: crius against containerd's built-in CRI plugin on the same
+//! machine, driven by the same client with the same requests. Both run crius's pause
+//! program as the sandbox image and busybox containers, each runtime with a bridge network
+//! of its own.
 //!
-//! It prints the median latency of each step of a pod's life (run the sandbox, create,
-//! start, stop and remove a container, stop and remove the sandbox), the time to bring up
-//! and tear down 10 pods at once, and the resident memory of the CRI daemons with those 10
-//! pods running. Rounds alternate between the runtimes so that both see the same machine.
+//! It prints one table: the median latency of every CRI operation a pod's life and kubelet's
+//! polling use (the lifecycle steps, ExecSync, PullImage of a present image, RemoveImage,
+//! and the reads, Version over a new connection among them), both daemons side by side with
+//! their ratio; then the time to bring up and tear down 50 pods (10 at a time) and the
+//! resident memory of the CRI daemons with those 50 pods running. Rounds alternate between
+//! the runtimes so that both see the same machine.
 //!
 //! Run with `make bench`: it starts the test bed and the CRI-enabled containerd
 //! (`CRIUS_BENCH_CRI_CONTAINERD`, its pid file in `CRIUS_BENCH_CRI_CONTAINERD_PID`; the pid
@@ -14,45 +17,104 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::pod::image;
 use common::{Crius, TestNetwork, pod_config};
 use crius::api::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PodSandboxConfig,
-    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopContainerRequest, StopPodSandboxRequest,
+    ContainerConfig, ContainerMetadata, ContainerStatusRequest, CreateContainerRequest,
+    ExecSyncRequest, ImageFsInfoRequest, ImageSpec, ImageStatusRequest, ListContainerStatsRequest,
+    ListContainersRequest, ListImagesRequest, ListPodSandboxRequest, PodSandboxConfig,
+    PodSandboxStatusRequest, PullImageRequest, RemoveContainerRequest, RemoveImageRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
+    StopContainerRequest, StopPodSandboxRequest, VersionRequest,
 };
 use crius::client::CriClient;
 
 const ROUNDS: usize = 20;
-const PARALLEL_PODS: usize = 10;
-const STEPS: [&str; 7] = [
+const MEMORY_PODS: usize = 50;
+const BATCH: usize = 10;
+/// The image RemoveImage removes each round (pulled again, unmeasured, before).
+const REMOVED_IMAGE: &str = "busybox-user:1000";
+
+/// Every operation in the table, in its order.
+const OPERATIONS: [&str; 21] = [
     "RunPodSandbox",
     "CreateContainer",
     "StartContainer",
+    "ExecSync",
     "StopContainer",
     "RemoveContainer",
     "StopPodSandbox",
     "RemovePodSandbox",
+    "PullImage (present)",
+    "RemoveImage",
+    "Version (new connection)",
+    "Version",
+    "Status",
+    "ListPodSandbox",
+    "PodSandboxStatus",
+    "ListContainers",
+    "ContainerStatus",
+    "ListContainerStats",
+    "ImageStatus",
+    "ListImages",
+    "ImageFsInfo",
 ];
 
 struct Runtime {
     name: &'static str,
+    socket: PathBuf,
     client: CriClient,
-    /// Per step, the latency of every measured round.
-    samples: Vec<Vec<Duration>>,
+    samples: Samples,
 }
 
-fn median(samples: &[Duration]) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[sorted.len() / 2]
+/// Per operation, the latency of every measured round.
+#[derive(Default)]
+struct Samples(HashMap<&'static str, Vec<Duration>>);
+
+impl Samples {
+    /// Awaits `call`, recording its latency under `operation`; panics on an error.
+    async fn time<T, E: std::fmt::Display>(
+        &mut self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> T {
+        let t = Instant::now();
+        let result = call.await;
+        let elapsed = t.elapsed();
+        let value = result.unwrap_or_else(|e| panic!("{operation}: {e}"));
+        self.0.entry(operation).or_default().push(elapsed);
+        value
+    }
+
+    fn median(&self, operation: &str) -> Duration {
+        let mut sorted = self.0.get(operation).cloned().unwrap_or_default();
+        if sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        sorted.sort();
+        sorted[sorted.len() / 2]
+    }
 }
 
 fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms < 10.0 {
+        format!("{ms:.2} ms")
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+fn ratio(crius: f64, containerd: f64) -> String {
+    if containerd > 0.0 {
+        format!("{:.2}", crius / containerd)
+    } else {
+        "-".to_string()
+    }
 }
 
 /// A container that exits promptly on SIGTERM, as a well-behaved workload does.
@@ -80,135 +142,281 @@ fn pod(name: &str) -> PodSandboxConfig {
     config
 }
 
-/// Runs a pod with one container, returning (pod id, container id) and each step's latency.
-async fn bring_up(client: &mut CriClient, name: &str) -> (String, String, [Duration; 3]) {
+fn image_spec(name: &str) -> Option<ImageSpec> {
+    Some(ImageSpec {
+        image: image(name),
+        ..Default::default()
+    })
+}
+
+/// Runs a pod with one container; returns (pod id, container id).
+async fn bring_up(client: &mut CriClient, samples: &mut Samples, name: &str) -> (String, String) {
     let config = pod(name);
-    let t = Instant::now();
-    let pod_id = client
-        .runtime
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
+    let runtime = &mut client.runtime;
+    let pod_id = samples
+        .time(
+            "RunPodSandbox",
+            runtime.run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: String::new(),
+            }),
+        )
         .await
-        .expect("RunPodSandbox")
         .into_inner()
         .pod_sandbox_id;
-    let run = t.elapsed();
-    let t = Instant::now();
-    let container_id = client
-        .runtime
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: pod_id.clone(),
-            config: Some(workload("app")),
-            sandbox_config: Some(config),
-        })
+    let container_id = samples
+        .time(
+            "CreateContainer",
+            runtime.create_container(CreateContainerRequest {
+                pod_sandbox_id: pod_id.clone(),
+                config: Some(workload("app")),
+                sandbox_config: Some(config),
+            }),
+        )
         .await
-        .expect("CreateContainer")
         .into_inner()
         .container_id;
-    let create = t.elapsed();
-    let t = Instant::now();
-    client
-        .runtime
-        .start_container(StartContainerRequest {
-            container_id: container_id.clone(),
-        })
-        .await
-        .expect("StartContainer");
-    (pod_id, container_id, [run, create, t.elapsed()])
+    samples
+        .time(
+            "StartContainer",
+            runtime.start_container(StartContainerRequest {
+                container_id: container_id.clone(),
+            }),
+        )
+        .await;
+    (pod_id, container_id)
 }
 
-/// Stops and removes the container and the pod, returning each step's latency.
-async fn tear_down(client: &mut CriClient, pod_id: &str, container_id: &str) -> [Duration; 4] {
-    let t = Instant::now();
-    client
-        .runtime
-        .stop_container(StopContainerRequest {
-            container_id: container_id.to_string(),
-            timeout: 10,
-        })
-        .await
-        .expect("StopContainer");
-    let stop = t.elapsed();
-    let t = Instant::now();
-    client
-        .runtime
-        .remove_container(RemoveContainerRequest {
-            container_id: container_id.to_string(),
-        })
-        .await
-        .expect("RemoveContainer");
-    let remove = t.elapsed();
-    let t = Instant::now();
-    client
-        .runtime
-        .stop_pod_sandbox(StopPodSandboxRequest {
-            pod_sandbox_id: pod_id.to_string(),
-        })
-        .await
-        .expect("StopPodSandbox");
-    let stop_pod = t.elapsed();
-    let t = Instant::now();
-    client
-        .runtime
-        .remove_pod_sandbox(RemovePodSandboxRequest {
-            pod_sandbox_id: pod_id.to_string(),
-        })
-        .await
-        .expect("RemovePodSandbox");
-    [stop, remove, stop_pod, t.elapsed()]
+/// Stops and removes the container and the pod.
+async fn tear_down(
+    client: &mut CriClient,
+    samples: &mut Samples,
+    pod_id: &str,
+    container_id: &str,
+) {
+    let runtime = &mut client.runtime;
+    samples
+        .time(
+            "StopContainer",
+            runtime.stop_container(StopContainerRequest {
+                container_id: container_id.to_string(),
+                timeout: 10,
+            }),
+        )
+        .await;
+    samples
+        .time(
+            "RemoveContainer",
+            runtime.remove_container(RemoveContainerRequest {
+                container_id: container_id.to_string(),
+            }),
+        )
+        .await;
+    samples
+        .time(
+            "StopPodSandbox",
+            runtime.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: pod_id.to_string(),
+            }),
+        )
+        .await;
+    samples
+        .time(
+            "RemovePodSandbox",
+            runtime.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: pod_id.to_string(),
+            }),
+        )
+        .await;
 }
 
-async fn one_lifecycle(runtime: &mut Runtime, name: &str, measured: bool) {
-    let (pod_id, container_id, up) = bring_up(&mut runtime.client, name).await;
-    let down = tear_down(&mut runtime.client, &pod_id, &container_id).await;
-    if measured {
-        for (step, latency) in up.into_iter().chain(down).enumerate() {
-            runtime.samples[step].push(latency);
-        }
-    }
+/// What kubelet does while a pod runs: an exec probe and its polling reads.
+async fn while_running(runtime: &mut Runtime, pod_id: &str, container_id: &str) {
+    let samples = &mut runtime.samples;
+    let client = &mut runtime.client;
+    let exec = samples
+        .time(
+            "ExecSync",
+            client.runtime.exec_sync(ExecSyncRequest {
+                container_id: container_id.to_string(),
+                cmd: vec!["true".to_string()],
+                timeout: 10,
+            }),
+        )
+        .await
+        .into_inner();
+    assert_eq!(exec.exit_code, 0, "exec of true in {}", runtime.name);
+    samples
+        .time("Version (new connection)", async {
+            let mut fresh = CriClient::connect(&runtime.socket)
+                .await
+                .map_err(|e| e.to_string())?;
+            fresh
+                .runtime
+                .version(VersionRequest::default())
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+    samples
+        .time("Version", client.runtime.version(VersionRequest::default()))
+        .await;
+    samples
+        .time("Status", client.runtime.status(StatusRequest::default()))
+        .await;
+    samples
+        .time(
+            "ListPodSandbox",
+            client
+                .runtime
+                .list_pod_sandbox(ListPodSandboxRequest::default()),
+        )
+        .await;
+    samples
+        .time(
+            "PodSandboxStatus",
+            client.runtime.pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: pod_id.to_string(),
+                verbose: false,
+            }),
+        )
+        .await;
+    samples
+        .time(
+            "ListContainers",
+            client
+                .runtime
+                .list_containers(ListContainersRequest::default()),
+        )
+        .await;
+    samples
+        .time(
+            "ContainerStatus",
+            client.runtime.container_status(ContainerStatusRequest {
+                container_id: container_id.to_string(),
+                verbose: false,
+            }),
+        )
+        .await;
+    samples
+        .time(
+            "ListContainerStats",
+            client
+                .runtime
+                .list_container_stats(ListContainerStatsRequest::default()),
+        )
+        .await;
+    samples
+        .time(
+            "ImageStatus",
+            client.image.image_status(ImageStatusRequest {
+                image: image_spec("busybox:latest"),
+                verbose: false,
+            }),
+        )
+        .await;
+    samples
+        .time(
+            "ListImages",
+            client.image.list_images(ListImagesRequest::default()),
+        )
+        .await;
+    samples
+        .time(
+            "ImageFsInfo",
+            client.image.image_fs_info(ImageFsInfoRequest::default()),
+        )
+        .await;
 }
 
-/// Brings up `PARALLEL_PODS` pods at once, calls `with_pods_running`, then tears them down
-/// at once; returns both wall times.
-async fn parallel(
-    runtime: &Runtime,
-    prefix: &str,
-    with_pods_running: impl FnOnce(),
-) -> [Duration; 2] {
+/// Pulls an image that is present, and removes one pulled just before.
+async fn images(runtime: &mut Runtime) {
+    let samples = &mut runtime.samples;
+    let client = &mut runtime.client;
+    samples
+        .time(
+            "PullImage (present)",
+            client.image.pull_image(PullImageRequest {
+                image: image_spec("busybox:latest"),
+                ..Default::default()
+            }),
+        )
+        .await;
+    common::pod::pull(client, REMOVED_IMAGE).await;
+    samples
+        .time(
+            "RemoveImage",
+            client.image.remove_image(RemoveImageRequest {
+                image: image_spec(REMOVED_IMAGE),
+            }),
+        )
+        .await;
+}
+
+async fn one_round(runtime: &mut Runtime, name: &str) {
+    let (pod_id, container_id) = bring_up(&mut runtime.client, &mut runtime.samples, name).await;
+    while_running(runtime, &pod_id, &container_id).await;
+    tear_down(
+        &mut runtime.client,
+        &mut runtime.samples,
+        &pod_id,
+        &container_id,
+    )
+    .await;
+    images(runtime).await;
+}
+
+/// Brings up `MEMORY_PODS` pods, `BATCH` at a time, calls `with_pods_running`, then tears
+/// them down the same way; returns both wall times.
+async fn many_pods(runtime: &Runtime, with_pods_running: impl FnOnce()) -> [Duration; 2] {
     let t = Instant::now();
-    let ups = (0..PARALLEL_PODS).map(|i| {
-        let mut client = runtime.client.clone();
-        let name = format!("{prefix}-{i}");
-        tokio::spawn(async move { bring_up(&mut client, &name).await })
-    });
     let mut pods = Vec::new();
-    for up in ups.collect::<Vec<_>>() {
-        let (pod_id, container_id, _) = up.await.expect("bring-up task");
-        pods.push((pod_id, container_id));
+    for batch in 0..MEMORY_PODS / BATCH {
+        let ups: Vec<_> = (0..BATCH)
+            .map(|i| {
+                let mut client = runtime.client.clone();
+                let name = format!("bench-many-{batch}-{i}");
+                tokio::spawn(
+                    async move { bring_up(&mut client, &mut Samples::default(), &name).await },
+                )
+            })
+            .collect();
+        for up in ups {
+            pods.push(up.await.expect("bring-up task"));
+        }
     }
     let up = t.elapsed();
     with_pods_running();
     let t = Instant::now();
-    let downs = pods.into_iter().map(|(pod_id, container_id)| {
-        let mut client = runtime.client.clone();
-        tokio::spawn(async move { tear_down(&mut client, &pod_id, &container_id).await })
-    });
-    for down in downs.collect::<Vec<_>>() {
-        down.await.expect("tear-down task");
+    while !pods.is_empty() {
+        let batch = pods.split_off(pods.len().saturating_sub(BATCH));
+        let downs: Vec<_> = batch
+            .into_iter()
+            .map(|(pod_id, container_id)| {
+                let mut client = runtime.client.clone();
+                tokio::spawn(async move {
+                    tear_down(&mut client, &mut Samples::default(), &pod_id, &container_id).await
+                })
+            })
+            .collect();
+        for down in downs {
+            down.await.expect("tear-down task");
+        }
     }
     [up, t.elapsed()]
 }
 
-fn rss_of(pid: u32) -> u64 {
+fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .expect("VmRSS")
-        / 1024
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
 fn pid_from_file(var: &str) -> u32 {
@@ -220,10 +428,8 @@ fn pid_from_file(var: &str) -> u32 {
         .expect("pid")
 }
 
-async fn pull_images(client: &mut CriClient) {
-    for name in ["busybox:latest", "bench/pause:1"] {
-        common::pod::pull(client, name).await;
-    }
+fn row(name: &str, containerd: &str, crius: &str, ratio: &str) {
+    println!("| {name:<34} | {containerd:>14} | {crius:>14} | {ratio:>5} |");
 }
 
 #[tokio::main]
@@ -243,75 +449,76 @@ async fn main() {
     .await;
     let mut runtimes = [
         Runtime {
-            name: "crius",
-            client: crius.client().await,
-            samples: vec![Vec::new(); STEPS.len()],
-        },
-        Runtime {
             name: "containerd CRI",
+            socket: PathBuf::from(&cri_socket),
             client: CriClient::connect(Path::new(&cri_socket))
                 .await
                 .expect("connect to containerd's CRI"),
-            samples: vec![Vec::new(); STEPS.len()],
+            samples: Samples::default(),
+        },
+        Runtime {
+            name: "crius",
+            socket: crius.grpc_socket().to_path_buf(),
+            client: crius.client().await,
+            samples: Samples::default(),
         },
     ];
     for runtime in &mut runtimes {
-        pull_images(&mut runtime.client).await;
-        one_lifecycle(runtime, "bench-warm-up", false).await;
+        for name in ["busybox:latest", "bench/pause:1"] {
+            common::pod::pull(&mut runtime.client, name).await;
+        }
+        one_round(runtime, "bench-warm-up").await;
+        runtime.samples = Samples::default();
     }
     for round in 0..ROUNDS {
         for runtime in &mut runtimes {
-            one_lifecycle(runtime, &format!("bench-{round}"), true).await;
+            one_round(runtime, &format!("bench-{round}")).await;
         }
     }
 
-    println!(
-        "{:<28} {:>10} {:>14}",
-        format!("median of {ROUNDS} rounds"),
-        runtimes[0].name,
-        runtimes[1].name
-    );
-    for (step, name) in STEPS.iter().enumerate() {
-        println!(
-            "{name:<28} {:>10} {:>14}",
-            ms(median(&runtimes[0].samples[step])),
-            ms(median(&runtimes[1].samples[step]))
+    println!("medians of {ROUNDS} rounds, both daemons on one containerd build, same client");
+    row("operation", runtimes[0].name, runtimes[1].name, "ratio");
+    println!("|{:-<36}|{:-<16}|{:-<16}|{:-<7}|", "", "", "", "");
+    for operation in OPERATIONS {
+        let [containerd, crius] = [&runtimes[0], &runtimes[1]].map(|r| r.samples.median(operation));
+        row(
+            operation,
+            &ms(containerd),
+            &ms(crius),
+            &ratio(crius.as_secs_f64(), containerd.as_secs_f64()),
         );
     }
-    let total = |r: &Runtime| -> Duration { r.samples.iter().map(|s| median(s)).sum() };
-    println!(
-        "{:<28} {:>10} {:>14}",
-        "sum of the medians",
-        ms(total(&runtimes[0])),
-        ms(total(&runtimes[1]))
-    );
 
     let crius_pid = crius.pid().as_raw() as u32;
     let containerd_pid = pid_from_file("CRIUS_BENCH_CONTAINERD_PID");
     let cri_containerd_pid = pid_from_file("CRIUS_BENCH_CRI_CONTAINERD_PID");
-    let mut crius_rss = (0, 0);
-    let crius_times = parallel(&runtimes[0], "bench-par", || {
-        crius_rss = (rss_of(crius_pid), rss_of(containerd_pid));
-    })
-    .await;
     let mut cri_rss = 0;
-    let cri_times = parallel(&runtimes[1], "bench-par", || {
-        cri_rss = rss_of(cri_containerd_pid);
+    let cri_times = many_pods(&runtimes[0], || cri_rss = rss_kib(cri_containerd_pid)).await;
+    let mut crius_rss = (0, 0);
+    let crius_times = many_pods(&runtimes[1], || {
+        crius_rss = (rss_kib(crius_pid), rss_kib(containerd_pid));
     })
     .await;
-    println!(
-        "{PARALLEL_PODS} pods at once: up    {:>10} {:>14}",
-        ms(crius_times[0]),
-        ms(cri_times[0])
+    let seconds = |d: Duration| format!("{:.2} s", d.as_secs_f64());
+    for (i, what) in ["up", "down"].into_iter().enumerate() {
+        row(
+            &format!("{MEMORY_PODS} pods, {BATCH} at a time: {what}"),
+            &seconds(cri_times[i]),
+            &seconds(crius_times[i]),
+            &ratio(crius_times[i].as_secs_f64(), cri_times[i].as_secs_f64()),
+        );
+    }
+    row(
+        &format!("CRI daemon RSS, {MEMORY_PODS} pods"),
+        &mib(cri_rss),
+        &mib(crius_rss.0),
+        &ratio(crius_rss.0 as f64, cri_rss as f64),
     );
-    println!(
-        "{PARALLEL_PODS} pods at once: down  {:>10} {:>14}",
-        ms(crius_times[1]),
-        ms(cri_times[1])
-    );
-    println!(
-        "RSS with {PARALLEL_PODS} pods: crius {} MiB + its containerd {} MiB; containerd with CRI {} MiB",
-        crius_rss.0, crius_rss.1, cri_rss
+    row(
+        &format!("with its containerd, {MEMORY_PODS} pods"),
+        &mib(cri_rss),
+        &mib(crius_rss.0 + crius_rss.1),
+        &ratio((crius_rss.0 + crius_rss.1) as f64, cri_rss as f64),
     );
     drop(network);
 }

@@ -317,3 +317,164 @@ fn info_reports_the_runtimes_features() {
     assert!(none.contains("io.containerd.crius.v2"), "{none:?}");
     assert!(!none.contains("features/Features"), "{none:?}");
 }
+
+/// Answers `call` within a second, or fails naming `what`.
+async fn within_a_second<T>(what: &str, call: impl Future<Output = Result<T, tonic::Status>>) -> T {
+    match tokio::time::timeout(Duration::from_secs(1), call).await {
+        Ok(Ok(value)) => value,
+        Ok(Err(e)) => panic!("{what} failed while another pod's shim hangs: {e}"),
+        Err(_) => panic!("{what} took over a second while another pod's shim hangs"),
+    }
+}
+
+/// A pod whose shim hangs (stopped with SIGSTOP: every task call to it waits) holds up no
+/// other pod: while a StopContainer and an ExecSync into it hang, the List, Status and stats
+/// RPCs answer within a second, for it and for the others, and the other pod still runs
+/// execs and new containers.
+#[tokio::test]
+async fn a_hung_shim_blocks_no_other_pod() {
+    use crius::api::v1::{
+        ContainerStatusRequest, ExecSyncRequest, ListContainerStatsRequest, ListContainersRequest,
+        ListPodSandboxRequest, ListPodSandboxStatsRequest, PodSandboxStatusRequest, StatusRequest,
+        StopContainerRequest,
+    };
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let crius = Crius::start().await;
+    let mut stuck = pod(&crius, "shim-stuck").await;
+    let stuck_app = stuck
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let mut healthy = pod(&crius, "shim-healthy").await;
+    let healthy_app = healthy
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let shim = Pid::from_raw(parent_of(container_pid(&mut stuck, &stuck_app).await));
+    assert!(shims(&crius, CRIUS_SHIM).contains(&shim.as_raw()));
+    kill(shim, Signal::SIGSTOP).expect("stop the shim");
+
+    let mut client = crius.client().await;
+    let hung_stop = tokio::spawn({
+        let mut client = client.clone();
+        let id = stuck_app.clone();
+        async move {
+            client
+                .runtime
+                .stop_container(StopContainerRequest {
+                    container_id: id,
+                    timeout: 30,
+                })
+                .await
+        }
+    });
+    let hung_exec = tokio::spawn({
+        let mut client = client.clone();
+        let id = stuck_app.clone();
+        async move {
+            client
+                .runtime
+                .exec_sync(ExecSyncRequest {
+                    container_id: id,
+                    cmd: vec!["true".to_string()],
+                    timeout: 30,
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !hung_stop.is_finished() && !hung_exec.is_finished(),
+        "the calls into the stopped shim did not hang: the test proves nothing"
+    );
+
+    let runtime = &mut client.runtime;
+    let containers = within_a_second(
+        "ListContainers",
+        runtime.list_containers(ListContainersRequest::default()),
+    )
+    .await
+    .into_inner()
+    .containers;
+    assert!(containers.iter().any(|c| c.id == stuck_app));
+    assert!(containers.iter().any(|c| c.id == healthy_app));
+    let pods = within_a_second(
+        "ListPodSandbox",
+        runtime.list_pod_sandbox(ListPodSandboxRequest::default()),
+    )
+    .await
+    .into_inner()
+    .items;
+    assert_eq!(pods.len(), 2, "{pods:?}");
+    for id in [&stuck_app, &healthy_app] {
+        let status = within_a_second(
+            "ContainerStatus",
+            runtime.container_status(ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            }),
+        )
+        .await
+        .into_inner()
+        .status
+        .expect("status");
+        assert_eq!(status.state, ContainerState::ContainerRunning as i32);
+    }
+    // The verbose status asks the shim for the pause task's state: unknown when it hangs.
+    for (id, process) in [(&stuck.id, "unknown"), (&healthy.id, "running")] {
+        let status = within_a_second(
+            "PodSandboxStatus",
+            runtime.pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: true,
+            }),
+        )
+        .await
+        .into_inner();
+        let info: serde_json::Value = serde_json::from_str(&status.info["info"]).expect("info");
+        assert_eq!(info["processStatus"], process, "{info}");
+    }
+    let stats = within_a_second(
+        "ListContainerStats",
+        runtime.list_container_stats(ListContainerStatsRequest::default()),
+    )
+    .await
+    .into_inner()
+    .stats;
+    assert_eq!(stats.len(), 2, "{stats:?}");
+    let pod_stats = within_a_second(
+        "ListPodSandboxStats",
+        runtime.list_pod_sandbox_stats(ListPodSandboxStatsRequest::default()),
+    )
+    .await
+    .into_inner()
+    .stats;
+    assert_eq!(pod_stats.len(), 2, "{pod_stats:?}");
+    within_a_second("Status", runtime.status(StatusRequest { verbose: true })).await;
+
+    // The healthy pod's own shim still serves: an exec, and a new container.
+    let (out, _, code) = healthy
+        .exec(&healthy_app, &["echo", "alive"], 5)
+        .await
+        .expect("exec in the healthy pod");
+    assert_eq!((out.as_str(), code), ("alive\n", 0));
+    let late = tokio::time::timeout(
+        Duration::from_secs(10),
+        healthy.run(container("late", "busybox:latest", &["sleep", "1000"])),
+    )
+    .await
+    .expect("a new container in the healthy pod took over 10 s");
+    assert!(!hung_stop.is_finished(), "the stopped shim answered");
+
+    // Let the shim go: the hung calls complete, and everything is torn down.
+    kill(shim, Signal::SIGCONT).expect("continue the shim");
+    let stopped = tokio::time::timeout(Duration::from_secs(40), hung_stop)
+        .await
+        .expect("StopContainer ended after the shim continued")
+        .expect("stop task");
+    assert!(stopped.is_ok(), "{stopped:?}");
+    let _ = tokio::time::timeout(Duration::from_secs(40), hung_exec).await;
+    healthy.stop(&late, 0).await;
+    stuck.remove_pod().await;
+    healthy.remove_pod().await;
+}

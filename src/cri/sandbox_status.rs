@@ -26,6 +26,9 @@ pub fn labels_match(labels: &HashMap<String, String>, selector: &HashMap<String,
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// How long the verbose status waits for the shim to report the pause task's state.
+const TASK_STATE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
+
 impl CriService {
     pub async fn pod_sandbox_status(
         &self,
@@ -66,15 +69,20 @@ impl CriService {
             .as_ref()
             .and_then(|c| c.spec.as_ref())
             .and_then(|any| serde_json::from_slice::<serde_json::Value>(&any.value).ok());
-        let task = self
-            .containerd
-            .task_state(&metadata.id)
-            .await
-            .ok()
-            .flatten();
+        // The task's state comes from its shim; a hung shim must not hang the status.
+        let process_status = match tokio::time::timeout(
+            TASK_STATE_TIMEOUT,
+            self.containerd.task_state(&metadata.id),
+        )
+        .await
+        {
+            Ok(Ok(Some(task))) => format!("{:?}", task.status).to_lowercase(),
+            Ok(Ok(None)) => "deleted".to_string(),
+            Ok(Err(_)) | Err(_) => "unknown".to_string(),
+        };
         serde_json::json!({
             "pid": status.pid,
-            "processStatus": task.map(|t| format!("{:?}", t.status).to_lowercase()).unwrap_or_else(|| "deleted".to_string()),
+            "processStatus": process_status,
             "netNamespaceClosed": status.netns_closed,
             "netNamespace": metadata.netns_path,
             "image": metadata.image,
