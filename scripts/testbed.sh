@@ -8,7 +8,7 @@
 #   scripts/testbed.sh down     stop what `up` started and clean its mounts
 #   scripts/testbed.sh env      print the environment the integration tests read
 #   scripts/testbed.sh test     all of the above around fmt, clippy and every test
-#   scripts/testbed.sh bench    the benchmarks against the test bed
+#   scripts/testbed.sh bench    the comparison table against containerd's CRI (`bench all`: every benchmark)
 #   scripts/testbed.sh cri-containerd   (after up) containerd with its own CRI, for comparing
 #
 # Two containerds run side by side: Debian bookworm's 1.6 (installed as a package) and 2.1
@@ -543,8 +543,10 @@ run_benches() {
   eval "$(print_env 1)"
   export CRIUS_BENCH_CRI_CONTAINERD=$CRI_CTRD_SOCK CRIUS_BENCH_CONTAINERD_PID=$CTRD_DIR/pid
   export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
-  # First, while the test bed's containerd holds nothing but the test images.
+  # First, while the test bed's containerd holds nothing but the test images: the table
+  # of every operation against containerd's CRI (`make bench` stops after it).
   cargo bench --bench lifecycle
+  [ "${1:-}" = all ] || return 0
   cargo bench --bench shim
   cargo bench --bench pull
   cargo bench --bench stats
@@ -558,7 +560,7 @@ case "${1:-}" in
   down) down ;;
   env) print_env "${2:-1}" ;;
   test) run_tests ;;
-  bench) run_benches ;;
+  bench) run_benches "${2:-}" ;;
   big-image) push_big_image ;;
   volume-image) push_volume_image; push_declared_volumes_image; push_hostile_account_images ;;
   cri-containerd) push_pause_image; cri_containerd_up ;;
