@@ -33,6 +33,7 @@ use crius::api::v1::{
 };
 use crius::client::CriClient;
 
+/// Rounds per operation; `CRIUS_BENCH_ROUNDS` changes it (a quick look: 3).
 const ROUNDS: usize = 20;
 const MEMORY_PODS: usize = 50;
 const BATCH: usize = 10;
@@ -406,13 +407,28 @@ async fn many_pods(runtime: &Runtime, with_pods_running: impl FnOnce()) -> [Dura
     [up, t.elapsed()]
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// A process's resident memory in KiB: all of it, and its anonymous and file-backed parts.
+#[derive(Clone, Copy, Default)]
+struct Rss {
+    total: u64,
+    anon: u64,
+    file: u64,
+}
+
+fn rss_kib(pid: u32) -> Rss {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    Rss {
+        total: field("VmRSS:"),
+        anon: field("RssAnon:"),
+        file: field("RssFile:"),
+    }
 }
 
 fn mib(kib: u64) -> String {
@@ -470,13 +486,17 @@ async fn main() {
         one_round(runtime, "bench-warm-up").await;
         runtime.samples = Samples::default();
     }
-    for round in 0..ROUNDS {
+    let rounds = std::env::var("CRIUS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(ROUNDS);
+    for round in 0..rounds {
         for runtime in &mut runtimes {
             one_round(runtime, &format!("bench-{round}")).await;
         }
     }
 
-    println!("medians of {ROUNDS} rounds, both daemons on one containerd build, same client");
+    println!("medians of {rounds} rounds, both daemons on one containerd build, same client");
     row("operation", runtimes[0].name, runtimes[1].name, "ratio");
     println!("|{:-<36}|{:-<16}|{:-<16}|{:-<7}|", "", "", "", "");
     for operation in OPERATIONS {
@@ -492,9 +512,9 @@ async fn main() {
     let crius_pid = crius.pid().as_raw() as u32;
     let containerd_pid = pid_from_file("CRIUS_BENCH_CONTAINERD_PID");
     let cri_containerd_pid = pid_from_file("CRIUS_BENCH_CRI_CONTAINERD_PID");
-    let mut cri_rss = 0;
+    let mut cri_rss = Rss::default();
     let cri_times = many_pods(&runtimes[0], || cri_rss = rss_kib(cri_containerd_pid)).await;
-    let mut crius_rss = (0, 0);
+    let mut crius_rss = (Rss::default(), Rss::default());
     let crius_times = many_pods(&runtimes[1], || {
         crius_rss = (rss_kib(crius_pid), rss_kib(containerd_pid));
     })
@@ -508,17 +528,33 @@ async fn main() {
             &ratio(crius_times[i].as_secs_f64(), cri_times[i].as_secs_f64()),
         );
     }
+    let (crius_own, containerd) = crius_rss;
     row(
         &format!("CRI daemon RSS, {MEMORY_PODS} pods"),
-        &mib(cri_rss),
-        &mib(crius_rss.0),
-        &ratio(crius_rss.0 as f64, cri_rss as f64),
+        &mib(cri_rss.total),
+        &mib(crius_own.total),
+        &ratio(crius_own.total as f64, cri_rss.total as f64),
+    );
+    row(
+        "  of it anonymous (heap, stacks)",
+        &mib(cri_rss.anon),
+        &mib(crius_own.anon),
+        &ratio(crius_own.anon as f64, cri_rss.anon as f64),
+    );
+    row(
+        "  of it file-backed (the binary)",
+        &mib(cri_rss.file),
+        &mib(crius_own.file),
+        &ratio(crius_own.file as f64, cri_rss.file as f64),
     );
     row(
         &format!("with its containerd, {MEMORY_PODS} pods"),
-        &mib(cri_rss),
-        &mib(crius_rss.0 + crius_rss.1),
-        &ratio((crius_rss.0 + crius_rss.1) as f64, cri_rss as f64),
+        &mib(cri_rss.total),
+        &mib(crius_own.total + containerd.total),
+        &ratio(
+            (crius_own.total + containerd.total) as f64,
+            cri_rss.total as f64,
+        ),
     );
     drop(network);
 }

@@ -460,6 +460,45 @@ async fn ten_concurrent_pulls_share_one_download() {
 }
 
 #[tokio::test]
+async fn pulling_a_present_image_fetches_only_its_manifest_and_records_new_tags() {
+    let testbed = Testbed::from_env();
+    let repo = format!("present-{}", std::process::id());
+    let latest = format!("{}/{repo}:latest", testbed.registry);
+    let other_tag = format!("{}/{repo}:v2", testbed.registry);
+    push_test_image("busybox:latest", &latest);
+    push_test_image("busybox:latest", &other_tag);
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let requests = |path: &str| {
+        let log = std::fs::read_to_string(&testbed.registry_log).unwrap();
+        log.lines()
+            .filter(|l| l.contains(&format!("GET /v2/{repo}/{path}")) && l.contains("crius/"))
+            .count()
+    };
+
+    let id = pull(&mut client, &latest).await.expect("first pull");
+    let blobs = requests("blobs/");
+    assert!(blobs >= 1, "the first pull fetched no blob");
+    let manifests = requests("manifests/");
+
+    assert_eq!(pull(&mut client, &latest).await.expect("again"), id);
+    assert_eq!(pull(&mut client, &other_tag).await.expect("new tag"), id);
+    assert_eq!(
+        requests("blobs/"),
+        blobs,
+        "a present image's blobs were fetched"
+    );
+    assert_eq!(requests("manifests/"), manifests + 2, "each pull resolves");
+    let image = status(&mut client, &other_tag).await.expect("status");
+    assert_eq!(image.repo_tags, vec![latest.clone(), other_tag.clone()]);
+    let names = crius.ctr(&["images", "ls", "-q"]);
+    assert!(
+        names.lines().any(|l| l == other_tag),
+        "{other_tag} not in:\n{names}"
+    );
+}
+
+#[tokio::test]
 async fn image_status_reports_the_user_and_nothing_for_unknown_images() {
     let registry = Testbed::from_env().registry;
     let crius = Crius::start().await;

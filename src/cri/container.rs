@@ -236,25 +236,26 @@ impl CriService {
     pub(crate) async fn destroy_container(&self, container: &Arc<Container>) -> Result<(), Status> {
         let id = container.id().to_string();
         self.destroy_task(&id).await?;
-        self.containerd
-            .delete_container(&id)
-            .await
-            .map_err(internal)?;
-        crate::failpoint::hit("container_remove_after_record")
-            .await
-            .map_err(internal)?;
-        self.containerd
-            .remove_snapshot(&self.config.containerd.snapshotter, &id)
-            .await
-            .map_err(internal)?;
-        container.io.remove();
-        for dir in [self.container_root_dir(&id), self.container_state_dir(&id)] {
-            if let Err(e) = std::fs::remove_dir_all(&dir)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                return Err(Status::internal(format!("removing {}: {e}", dir.display())));
-            }
-        }
+        // Once the task is gone, the record, the snapshot and the files are independent:
+        // removed at once. Each removal is idempotent, so a retry after a failure (or
+        // recovery after a crash) finishes what is left.
+        let record = async {
+            self.containerd
+                .delete_container(&id)
+                .await
+                .map_err(internal)?;
+            crate::failpoint::hit("container_remove_after_record")
+                .await
+                .map_err(internal)
+        };
+        let snapshot = async {
+            self.containerd
+                .remove_snapshot(&self.config.containerd.snapshotter, &id)
+                .await
+                .map_err(internal)
+        };
+        let files = self.remove_container_files(container);
+        tokio::try_join!(record, snapshot, files)?;
         self.containers.remove(&id);
         self.container_names.release(&container.metadata.name, &id);
         self.emit_container_event(
@@ -263,6 +264,26 @@ impl CriService {
             crate::api::v1::ContainerEventType::ContainerDeletedEvent,
         );
         Ok(())
+    }
+
+    /// Removes the container's FIFOs and directories, off the async threads.
+    async fn remove_container_files(&self, container: &Arc<Container>) -> Result<(), Status> {
+        let id = container.id();
+        let dirs = [self.container_root_dir(id), self.container_state_dir(id)];
+        let container = container.clone();
+        tokio::task::spawn_blocking(move || {
+            container.io.remove();
+            for dir in dirs {
+                if let Err(e) = std::fs::remove_dir_all(&dir)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    return Err(Status::internal(format!("removing {}: {e}", dir.display())));
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("removing the container's files: {e}")))?
     }
 }
 

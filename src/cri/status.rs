@@ -19,18 +19,7 @@ const NETWORK_READY: &str = "NetworkReady";
 
 impl CriService {
     pub async fn status(&self, req: StatusRequest) -> Result<StatusResponse, Status> {
-        let runtime =
-            match tokio::time::timeout(RUNTIME_PROBE_TIMEOUT, self.containerd.version()).await {
-                Ok(Ok(_)) => condition(RUNTIME_READY, Ok(())),
-                Ok(Err(e)) => condition(RUNTIME_READY, Err(("ContainerdNotReady", e.to_string()))),
-                Err(_) => condition(
-                    RUNTIME_READY,
-                    Err((
-                        "ContainerdNotReady",
-                        format!("containerd did not answer within {RUNTIME_PROBE_TIMEOUT:?}"),
-                    )),
-                ),
-            };
+        let runtime = condition(RUNTIME_READY, self.runtime_readiness().await);
         let network = condition(
             NETWORK_READY,
             self.cni.ready().map_err(|e| {
@@ -68,6 +57,23 @@ impl CriService {
                 user_namespaces_host_network: self.userns_rootfs.is_ok(),
             }),
         })
+    }
+
+    /// Whether containerd answers. While crius's event subscription stands, containerd is
+    /// serving (its death breaks the stream at once) and no round trip is made, as
+    /// containerd's own CRI asks nothing of itself; otherwise containerd is asked.
+    async fn runtime_readiness(&self) -> Result<(), (&'static str, String)> {
+        if self.containerd_reachable() {
+            return Ok(());
+        }
+        match tokio::time::timeout(RUNTIME_PROBE_TIMEOUT, self.containerd.version()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(("ContainerdNotReady", e.to_string())),
+            Err(_) => Err((
+                "ContainerdNotReady",
+                format!("containerd did not answer within {RUNTIME_PROBE_TIMEOUT:?}"),
+            )),
+        }
     }
 
     /// The stream server's URL and what it holds open.

@@ -28,12 +28,12 @@ use super::manifest::{
     sha256_digest,
 };
 use super::reference::Reference;
-use super::registry::{HttpClients, RegistryError, Session};
+use super::registry::{HttpClients, RegistryError, Resolved, Session};
 use super::unpack::{to_containerd, unpack_layer};
 use crate::config::RegistryConfig;
 use crate::containerd::content::WriteError;
 use crate::containerd::{Containerd, ContainerdError};
-use crate::store::Image;
+use crate::store::{Image, ImageStore};
 
 /// The label that marks images crius manages, as containerd's CRI does.
 pub const MANAGED_LABEL: &str = "io.cri-containerd.image";
@@ -272,6 +272,8 @@ struct InFlight {
 /// Pulls images; shared by all PullImage calls.
 pub struct ImagePuller {
     containerd: Containerd,
+    /// The images already pulled: a reference that resolves to one of them is not fetched.
+    images: Arc<ImageStore>,
     snapshotter: String,
     registry: RegistryConfig,
     max_downloads: usize,
@@ -285,6 +287,7 @@ pub struct ImagePuller {
 impl ImagePuller {
     pub fn new(
         containerd: Containerd,
+        images: Arc<ImageStore>,
         snapshotter: String,
         registry: RegistryConfig,
         max_downloads: usize,
@@ -293,6 +296,7 @@ impl ImagePuller {
     ) -> Arc<Self> {
         Arc::new(Self {
             containerd,
+            images,
             snapshotter,
             registry,
             max_downloads: max_downloads.max(1),
@@ -464,8 +468,16 @@ impl ImagePuller {
             config_credentials,
             credentials,
         )?;
+        let resolved = tokio::select! {
+            resolved = session.resolve() => resolved?,
+            why = stop.clone() => return Err(why.into()),
+        };
+        progress.touch();
+        if let Some(image) = self.already_present(reference, &resolved).await? {
+            return Ok(image);
+        }
         let docs = tokio::select! {
-            docs = fetch_documents(&session, progress) => docs?,
+            docs = fetch_documents(&session, resolved, progress) => docs?,
             why = stop.clone() => return Err(why.into()),
         };
         let promised = docs
@@ -494,6 +506,41 @@ impl ImagePuller {
             tracing::warn!(%lease, error = %e, "failed to delete pull lease; it expires by itself");
         }
         written
+    }
+
+    /// The image `resolved` names when it is pulled and unpacked already, as containerd's
+    /// pull finds every blob and snapshot present: only the names it lacks are recorded.
+    /// containerd's garbage collector keeps what an image record references, so its top
+    /// snapshot standing is the one thing checked.
+    async fn already_present(
+        &self,
+        reference: &Reference,
+        resolved: &Resolved,
+    ) -> Result<Option<Image>, PullError> {
+        let by_digest = reference.with_digest(&resolved.digest);
+        let Some(mut image) = self.images.resolve(&by_digest) else {
+            return Ok(None);
+        };
+        if !image.references.contains(&by_digest)
+            || !self
+                .containerd
+                .snapshot_exists(&self.snapshotter, &image.chain_id)
+                .await?
+        {
+            return Ok(None);
+        }
+        let mut names = BTreeSet::from([by_digest, image.id.clone()]);
+        names.extend(reference.tagged());
+        let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
+        let top = top_descriptor(resolved);
+        for name in names.difference(&image.references) {
+            self.containerd
+                .put_image(name, to_containerd(&top), labels.clone())
+                .await?;
+        }
+        image.references.extend(names);
+        tracing::debug!(image = %reference, id = %image.id, "image present; nothing fetched");
+        Ok(Some(image))
     }
 
     async fn write_image(
@@ -650,16 +697,23 @@ struct Documents {
     config: ImageConfigFile,
 }
 
-async fn fetch_documents(session: &Session, progress: &Progress) -> Result<Documents, PullError> {
-    let resolved = session.resolve().await?;
-    progress.touch();
-    let top = Descriptor {
+/// The descriptor of what a reference resolved to.
+fn top_descriptor(resolved: &Resolved) -> Descriptor {
+    Descriptor {
         media_type: resolved.media_type.clone(),
         digest: resolved.digest.clone(),
         size: resolved.data.len() as i64,
         platform: None,
         annotations: HashMap::new(),
-    };
+    }
+}
+
+async fn fetch_documents(
+    session: &Session,
+    resolved: Resolved,
+    progress: &Progress,
+) -> Result<Documents, PullError> {
+    let top = top_descriptor(&resolved);
     let (index, manifest_desc, manifest_bytes) = if is_index(&resolved.media_type) {
         let index: Index = serde_json::from_slice(&resolved.data)
             .map_err(|e| PullError::Corrupt(format!("index {}: {e}", resolved.digest)))?;

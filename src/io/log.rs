@@ -86,13 +86,33 @@ impl LineSplitter {
 /// Formats one log entry.
 pub fn format_entry(time: SystemTime, stream: Stream, partial: bool, content: &[u8]) -> Vec<u8> {
     let mut entry = Vec::with_capacity(content.len() + 48);
-    entry.extend_from_slice(humantime::format_rfc3339_nanos(time).to_string().as_bytes());
-    entry.push(b' ');
-    entry.extend_from_slice(stream.as_str().as_bytes());
-    entry.extend_from_slice(if partial { b" P " } else { b" F " });
-    entry.extend_from_slice(content);
-    entry.push(b'\n');
+    EntryWriter::new(time, stream).append(&mut entry, partial, content);
     entry
+}
+
+/// Formats the entries of one stream at one time into a buffer (the timestamp once).
+pub struct EntryWriter {
+    prefix: String,
+}
+
+impl EntryWriter {
+    pub fn new(time: SystemTime, stream: Stream) -> Self {
+        Self {
+            prefix: format!(
+                "{} {}",
+                humantime::format_rfc3339_nanos(time),
+                stream.as_str()
+            ),
+        }
+    }
+
+    pub fn append(&self, out: &mut Vec<u8>, partial: bool, content: &[u8]) {
+        out.reserve(self.prefix.len() + content.len() + 4);
+        out.extend_from_slice(self.prefix.as_bytes());
+        out.extend_from_slice(if partial { b" P " } else { b" F " });
+        out.extend_from_slice(content);
+        out.push(b'\n');
+    }
 }
 
 /// A container's log file, shared by its stdout and stderr copiers; reopenable after
@@ -129,11 +149,10 @@ impl LogFile {
         &self.path
     }
 
-    /// Writes one entry; whole entries never interleave.
-    pub fn write_entry(&self, stream: Stream, partial: bool, content: &[u8]) {
-        let entry = format_entry(SystemTime::now(), stream, partial, content);
+    /// Writes formatted entries in one write; whole entries never interleave.
+    pub fn write_entries(&self, entries: &[u8]) {
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = file.write_all(&entry) {
+        if let Err(e) = file.write_all(entries) {
             tracing::warn!(path = %self.path.display(), error = %e, "writing container log failed");
         }
     }
@@ -245,10 +264,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pods/c.log");
         let log = LogFile::open(&path).unwrap();
-        log.write_entry(Stream::Stdout, false, b"one");
+        log.write_entries(&format_entry(
+            SystemTime::now(),
+            Stream::Stdout,
+            false,
+            b"one",
+        ));
         std::fs::rename(&path, dir.path().join("rotated")).unwrap();
         log.reopen().unwrap();
-        log.write_entry(Stream::Stdout, false, b"two");
+        log.write_entries(&format_entry(
+            SystemTime::now(),
+            Stream::Stdout,
+            false,
+            b"two",
+        ));
         let now = std::fs::read_to_string(&path).unwrap();
         assert!(now.ends_with("stdout F two\n") && !now.contains("one"));
     }

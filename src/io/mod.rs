@@ -136,19 +136,43 @@ fn spawn_output_copier(mut reader: pipe::Receiver, output: Arc<dyn AsyncOutput>)
     })
 }
 
+thread_local! {
+    /// The read buffer of the FIFO copiers that run on this thread: a copier holds none
+    /// while it waits, so an idle container costs no buffer.
+    static COPY_BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_BUFFER]);
+}
+
+/// What one read of a FIFO came to.
+enum Copied {
+    Some,
+    Eof,
+    Failed(std::io::Error),
+}
+
 /// Copies one FIFO into a sink until EOF.
 fn spawn_copier(
-    mut reader: pipe::Receiver,
+    reader: pipe::Receiver,
     stream: Stream,
     sink: Arc<dyn OutputSink>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut buf = vec![0u8; READ_BUFFER];
         loop {
-            match reader.read(&mut buf).await {
-                Ok(0) => break,
-                Ok(n) => sink.write(stream, &buf[..n]),
-                Err(e) => {
+            let copied = match reader.readable().await {
+                Ok(()) => COPY_BUFFER.with_borrow_mut(|buf| match reader.try_read(buf) {
+                    Ok(0) => Copied::Eof,
+                    Ok(n) => {
+                        sink.write(stream, &buf[..n]);
+                        Copied::Some
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Copied::Some,
+                    Err(e) => Copied::Failed(e),
+                }),
+                Err(e) => Copied::Failed(e),
+            };
+            match copied {
+                Copied::Some => {}
+                Copied::Eof => break,
+                Copied::Failed(e) => {
                     tracing::debug!(stream = stream.as_str(), error = %e, "output copier stopped");
                     break;
                 }
@@ -166,30 +190,44 @@ struct LogSink {
 }
 
 impl LogSink {
+    /// Runs `f` on the stream's splitter and writes the entries it emits to the log, all
+    /// in one write.
     fn with_splitter(
         &self,
         stream: Stream,
-        f: impl FnOnce(&mut LineSplitter, &dyn Fn(&[u8], bool)),
+        f: impl FnOnce(&mut LineSplitter, &mut dyn FnMut(&[u8], bool)),
     ) {
         let log = self.log.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let emit = |content: &[u8], partial: bool| {
-            if let Some(log) = &log {
-                log.write_entry(stream, partial, content);
+        let mut entries = Vec::new();
+        let writer = log::EntryWriter::new(std::time::SystemTime::now(), stream);
+        let mut emit = |content: &[u8], partial: bool| {
+            if log.is_some() {
+                writer.append(&mut entries, partial, content);
             }
         };
-        let mut splitters = self.splitters.lock().unwrap_or_else(|p| p.into_inner());
-        let index = match stream {
-            Stream::Stdout => 0,
-            Stream::Stderr => 1,
-        };
-        f(&mut splitters[index], &emit);
+        {
+            let mut splitters = self.splitters.lock().unwrap_or_else(|p| p.into_inner());
+            let index = match stream {
+                Stream::Stdout => 0,
+                Stream::Stderr => 1,
+            };
+            f(&mut splitters[index], &mut emit);
+        }
+        if let Some(log) = log
+            && !entries.is_empty()
+        {
+            log.write_entries(&entries);
+        }
     }
 }
 
 impl OutputSink for LogSink {
     fn write(&self, stream: Stream, data: &[u8]) {
         self.with_splitter(stream, |splitter, emit| splitter.push(data, emit));
-        // Nobody attached is the normal case.
+        // Nobody attached is the normal case: then no copy is made.
+        if self.fanout.receiver_count() == 0 {
+            return;
+        }
         let _ = self.fanout.send(OutputChunk {
             stream,
             data: Bytes::copy_from_slice(data),

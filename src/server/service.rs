@@ -135,8 +135,10 @@ impl CriService {
             config.cni.max_conf_num,
         ));
 
+        let images = Arc::new(ImageStore::new());
         let puller = ImagePuller::new(
             containerd.clone(),
+            images.clone(),
             config.containerd.snapshotter.clone(),
             config.registry.clone(),
             config.image.max_concurrent_downloads,
@@ -189,7 +191,7 @@ impl CriService {
             containerd,
             image_fs,
             cni,
-            images: Arc::new(ImageStore::new()),
+            images,
             puller,
             cni_network,
             sandboxes: Arc::new(SandboxStore::new()),
