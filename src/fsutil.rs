@@ -59,8 +59,10 @@ fn relative_path(relative: &Path) -> PathBuf {
     }
 }
 
-/// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename,
-/// fsync of the directory. A crash leaves either the old or the new content, never a mix.
+/// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename. A
+/// crash leaves either the old or the new content, never a mix. The directory is not
+/// synced (as containerd's own atomic writes): the rename reaches the disk with the file
+/// system's next commit, and a crash of crius loses nothing either way.
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
     let dir = path
         .parent()
@@ -82,8 +84,7 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
             .open(&tmp)?;
         file.write_all(data)?;
         file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

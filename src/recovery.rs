@@ -197,8 +197,9 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
             .spec
             .as_ref()
             .and_then(|any| serde_json::from_slice::<serde_json::Value>(&any.value).ok())
-            .map(|spec| spec["process"].clone())
-            .unwrap_or_default();
+            .and_then(|spec| serde_json::to_vec(&spec["process"]).ok())
+            .unwrap_or_default()
+            .into_boxed_slice();
         let io = match ContainerIo::create(
             &service.container_state_dir(&id).join("io"),
             metadata.config.stdin,

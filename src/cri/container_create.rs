@@ -233,7 +233,13 @@ impl CriService {
                     .flat_map(|v| v.keys().cloned())
                     .collect();
                 let rootfs = self
-                    .read_container_rootfs(&root_dir, &config, &image_volumes, mounts.clone())
+                    .read_container_rootfs(
+                        &root_dir,
+                        &config,
+                        &image_volumes,
+                        &image.chain_id,
+                        mounts.clone(),
+                    )
                     .await?;
                 let declared_volumes = rootfs.volumes;
                 if let Some(pod) = &pod_userns {
@@ -322,7 +328,9 @@ impl CriService {
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
                 let spec = self.inject_cdi_devices(spec, &config).await?;
-                let process_spec = serde_json::to_value(spec.process()).map_err(internal)?;
+                let process_spec = serde_json::to_vec(spec.process())
+                    .map_err(internal)?
+                    .into_boxed_slice();
 
                 let log_path = if sandbox_meta.config.log_directory.is_empty()
                     || config.log_path.is_empty()
@@ -388,26 +396,28 @@ impl CriService {
                 Ok::<_, Status>((metadata, process_spec))
             }
             .await;
-            if let Err(e) = self.containerd.delete_lease(&lease, false).await {
-                tracing::warn!(%lease, error = %e, "failed to delete container lease; it expires by itself");
-            }
-            let (metadata, process_spec) = made?;
-
-            let io = ContainerIo::create(&state_dir.join("io"), config.stdin, config.tty)
-                .map_err(|e| Status::internal(format!("creating the container's FIFOs: {e}")))?;
-            let container = Arc::new(Container::new(
-                metadata.clone(),
-                ContainerStatus::created(metadata.created_at),
-                root_dir.join("status"),
-                Arc::new(io),
-                process_spec,
-            ));
-            // Persist the CREATED status before the container becomes visible.
-            container.update_status(|_| {});
+            // The record holds the snapshot now: the lease goes while the container's own
+            // files are made.
+            let lease_deleted = async {
+                if let Err(e) = self.containerd.delete_lease(&lease, false).await {
+                    tracing::warn!(%lease, error = %e, "failed to delete container lease; it expires by itself");
+                }
+            };
+            let (made, ()) = tokio::join!(
+                async {
+                    let (metadata, process_spec) = made?;
+                    persist_new_container(metadata, process_spec, &config, root_dir, state_dir)
+                        .await
+                },
+                lease_deleted
+            );
+            let container = made?;
+            let metadata = &container.metadata;
+            let sandbox_id = metadata.sandbox_id.clone();
             self.containers.add(container);
             self.emit_container_event(
                 &id,
-                &metadata.sandbox_id,
+                &sandbox_id,
                 crate::api::v1::ContainerEventType::ContainerCreatedEvent,
             );
             Ok::<(), Status>(())
@@ -540,6 +550,34 @@ async fn give_volumes_to_pod_root(
             "giving the image's volumes to the pod's range: {e}"
         ))
     })
+}
+
+/// Makes the container's FIFOs and persists its CREATED status (the mark that its creation
+/// finished, for recovery), off the async threads.
+async fn persist_new_container(
+    metadata: ContainerMetadata,
+    process_spec: Box<[u8]>,
+    config: &crate::api::v1::ContainerConfig,
+    root_dir: PathBuf,
+    state_dir: PathBuf,
+) -> Result<Arc<Container>, Status> {
+    let (stdin, tty) = (config.stdin, config.tty);
+    tokio::task::spawn_blocking(move || {
+        let io = ContainerIo::create(&state_dir.join("io"), stdin, tty)
+            .map_err(|e| Status::internal(format!("creating the container's FIFOs: {e}")))?;
+        let created_at = metadata.created_at;
+        let container = Arc::new(Container::new(
+            metadata,
+            ContainerStatus::created(created_at),
+            root_dir.join("status"),
+            Arc::new(io),
+            process_spec,
+        ));
+        container.update_status(|_| {});
+        Ok(container)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("persisting the container: {e}")))?
 }
 
 #[cfg(test)]

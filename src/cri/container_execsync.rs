@@ -119,7 +119,8 @@ impl CriService {
         io: &ExecIo,
     ) -> Result<(), String> {
         let id = container.id();
-        let mut process = container.process_spec.clone();
+        let mut process: serde_json::Value = serde_json::from_slice(&container.process_spec)
+            .map_err(|e| format!("reading the container's process spec: {e}"))?;
         process["args"] = serde_json::json!(cmd);
         process["terminal"] = serde_json::json!(tty);
         let spec = prost_types::Any {

@@ -46,14 +46,47 @@ pub struct RootfsReads {
     pub volumes: Vec<DeclaredVolume>,
 }
 
+/// Account files kept per image: at most this many images...
+const CACHED_IMAGES: usize = 64;
+/// ...with account files of at most this size (together); larger ones are read each time.
+const CACHED_ACCOUNT_BYTES: usize = 64 * 1024;
+
+/// The account files of the images containers were made from, by the image's chain ID: an
+/// image's layers never change, and a new container's own layer is empty, so a second
+/// container of an image needs no mount of its rootfs to learn its users.
+#[derive(Default)]
+pub struct AccountFilesCache(std::sync::Mutex<std::collections::HashMap<String, AccountFiles>>);
+
+impl AccountFilesCache {
+    fn get(&self, chain_id: &str) -> Option<AccountFiles> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(chain_id)
+            .cloned()
+    }
+
+    fn insert(&self, chain_id: &str, files: &AccountFiles) {
+        if chain_id.is_empty() || files.passwd.len() + files.group.len() > CACHED_ACCOUNT_BYTES {
+            return;
+        }
+        let mut cache = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= CACHED_IMAGES {
+            cache.clear();
+        }
+        cache.insert(chain_id.to_string(), files.clone());
+    }
+}
+
 impl CriService {
     /// Reads the account files and makes the declared volumes. `rootfs` are the container's
-    /// snapshot mounts, still unused.
+    /// snapshot mounts, still unused; `chain_id` names the image's layers they stack.
     pub(crate) async fn read_container_rootfs(
         &self,
         root_dir: &Path,
         config: &ContainerConfig,
         image_volumes: &[String],
+        chain_id: &str,
         rootfs: Vec<containerd_client::types::Mount>,
     ) -> Result<RootfsReads, Status> {
         let volumes = if self.config.ignore_image_defined_volumes {
@@ -61,6 +94,24 @@ impl CriService {
         } else {
             volumes_to_make(root_dir, config, image_volumes)
         };
+        if volumes.is_empty()
+            && let Some(accounts) = self.account_files.get(chain_id)
+        {
+            return Ok(RootfsReads { accounts, volumes });
+        }
+        let reads = self
+            .mount_and_read_rootfs(root_dir, volumes, rootfs)
+            .await?;
+        self.account_files.insert(chain_id, &reads.accounts);
+        Ok(reads)
+    }
+
+    async fn mount_and_read_rootfs(
+        &self,
+        root_dir: &Path,
+        volumes: Vec<DeclaredVolume>,
+        rootfs: Vec<containerd_client::types::Mount>,
+    ) -> Result<RootfsReads, Status> {
         let staging = root_dir.join(ROOTFS_VIEW_DIR);
         tokio::task::spawn_blocking(move || {
             with_read_only_rootfs(&staging, &rootfs, |root| {
@@ -282,6 +333,46 @@ mod tests {
     use super::*;
     use crate::api::v1::Mount;
     use std::path::PathBuf;
+
+    fn accounts(passwd: &str) -> AccountFiles {
+        AccountFiles {
+            passwd: passwd.to_string(),
+            group: "root:x:0:\n".to_string(),
+        }
+    }
+
+    #[test]
+    fn account_files_are_kept_per_image_and_only_small_ones() {
+        let cache = AccountFilesCache::default();
+        cache.insert("sha256:a", &accounts("root:x:0:0::/root:/bin/sh\n"));
+        assert_eq!(
+            cache.get("sha256:a").map(|f| f.passwd),
+            Some("root:x:0:0::/root:/bin/sh\n".to_string())
+        );
+        assert!(cache.get("sha256:b").is_none());
+        cache.insert("sha256:big", &accounts(&"x".repeat(CACHED_ACCOUNT_BYTES)));
+        assert!(
+            cache.get("sha256:big").is_none(),
+            "an oversized file was kept"
+        );
+        cache.insert("", &accounts("anonymous"));
+        assert!(cache.get("").is_none(), "an image without layers was kept");
+    }
+
+    #[test]
+    fn the_account_files_cache_stays_bounded() {
+        let cache = AccountFilesCache::default();
+        for i in 0..CACHED_IMAGES * 3 {
+            cache.insert(&format!("sha256:{i}"), &accounts("root"));
+        }
+        let held = cache.0.lock().unwrap().len();
+        assert!(held <= CACHED_IMAGES, "{held} images held");
+        assert!(
+            cache
+                .get(&format!("sha256:{}", CACHED_IMAGES * 3 - 1))
+                .is_some()
+        );
+    }
 
     #[test]
     fn volume_paths_are_absolute_and_clean() {

@@ -28,17 +28,26 @@ impl CriService {
         }
         // Any of its names, digests or its ID removes the image with every name, as
         // containerd's CRI does (kubelet removes an image once, by whichever name it has).
-        let names: Vec<String> = image.references.iter().cloned().collect();
-        let last = names.len().saturating_sub(1);
-        for (i, name) in names.iter().enumerate() {
-            // The last delete collects garbage synchronously, so the content is gone on return.
-            self.containerd
-                .delete_image(name, i == last)
-                .await
-                .map_err(|e| Status::internal(format!("failed to remove image {name}: {e}")))?;
-            self.images.remove_reference(name);
-        }
+        // Every name but the last is deleted at once; the last delete collects garbage
+        // synchronously, so the content is gone on return.
+        let mut names: Vec<String> = image.references.iter().cloned().collect();
+        let Some(last) = names.pop() else {
+            return Ok(RemoveImageResponse {});
+        };
+        futures::future::try_join_all(names.iter().map(|name| self.delete_image_name(name, false)))
+            .await?;
+        self.delete_image_name(&last, true).await?;
+        names.push(last);
         tracing::info!(image = %image.id, removed = ?names, "image removed");
         Ok(RemoveImageResponse {})
+    }
+
+    async fn delete_image_name(&self, name: &str, collect: bool) -> Result<(), Status> {
+        self.containerd
+            .delete_image(name, collect)
+            .await
+            .map_err(|e| Status::internal(format!("failed to remove image {name}: {e}")))?;
+        self.images.remove_reference(name);
+        Ok(())
     }
 }

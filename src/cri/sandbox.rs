@@ -266,11 +266,35 @@ impl CriService {
     pub(crate) async fn stop_sandbox(&self, sandbox: &Arc<Sandbox>) -> Result<(), Status> {
         let metadata = sandbox.metadata();
         let id = metadata.id.clone();
-        // The pod's containers go first, forcibly, as containerd's CRI does it.
-        for container in self.containers.in_sandbox(&id) {
-            self.stop_container_process(&container, Duration::ZERO)
-                .await?;
+        // The pod's containers go first, forcibly and all at once, as containerd's CRI
+        // stops them.
+        let containers = self.containers.in_sandbox(&id);
+        futures::future::try_join_all(
+            containers
+                .iter()
+                .map(|container| self.stop_container_process(container, Duration::ZERO)),
+        )
+        .await?;
+        // The netns is pinned apart from the pause task, so the network is torn down while
+        // the task is killed and deleted.
+        tokio::try_join!(
+            self.stop_pause_task(sandbox),
+            self.release_network(sandbox, &metadata)
+        )?;
+        self.unmount_sandbox_shm(&id);
+        self.unmount_image_volumes(&id).await?;
+        if !metadata.netns_path.is_empty() {
+            crate::netns::remove(Path::new(&metadata.netns_path))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
         }
+        sandbox.update_status(|s| s.netns_closed = true);
+        Ok(())
+    }
+
+    /// Kills and deletes the pause task; the sandbox is NOTREADY after.
+    async fn stop_pause_task(&self, sandbox: &Arc<Sandbox>) -> Result<(), Status> {
+        let id = sandbox.id();
         self.destroy_task(&id).await?;
         let was_ready = sandbox.status().state == SandboxState::Ready;
         sandbox.update_status(|s| {
@@ -284,25 +308,28 @@ impl CriService {
                 crate::api::v1::ContainerEventType::ContainerStoppedEvent,
             );
         }
-        if !metadata.netns_path.is_empty() && !sandbox.status().network_released {
-            self.cni_network
-                .teardown(&pod_ref(&metadata))
-                .await
-                .map_err(|e| {
-                    Status::internal(format!(
-                        "failed to tear down the network of sandbox {id}: {e}"
-                    ))
-                })?;
-            sandbox.update_status(|s| s.network_released = true);
+        Ok(())
+    }
+
+    /// Runs CNI DEL for the pod (from its cached result), once.
+    async fn release_network(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        metadata: &SandboxMetadata,
+    ) -> Result<(), Status> {
+        if metadata.netns_path.is_empty() || sandbox.status().network_released {
+            return Ok(());
         }
-        self.unmount_sandbox_shm(&id);
-        self.unmount_image_volumes(&id).await?;
-        if !metadata.netns_path.is_empty() {
-            crate::netns::remove(Path::new(&metadata.netns_path))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-        }
-        sandbox.update_status(|s| s.netns_closed = true);
+        self.cni_network
+            .teardown(&pod_ref(metadata))
+            .await
+            .map_err(|e| {
+                Status::internal(format!(
+                    "failed to tear down the network of sandbox {}: {e}",
+                    metadata.id
+                ))
+            })?;
+        sandbox.update_status(|s| s.network_released = true);
         Ok(())
     }
 

@@ -186,7 +186,8 @@ fn spawn_copier(
 struct LogSink {
     log: Mutex<Option<Arc<LogFile>>>,
     splitters: Mutex<[LineSplitter; 2]>,
-    fanout: broadcast::Sender<OutputChunk>,
+    /// Made on the first attach: most containers never have one.
+    fanout: std::sync::OnceLock<broadcast::Sender<OutputChunk>>,
 }
 
 impl LogSink {
@@ -225,10 +226,10 @@ impl OutputSink for LogSink {
     fn write(&self, stream: Stream, data: &[u8]) {
         self.with_splitter(stream, |splitter, emit| splitter.push(data, emit));
         // Nobody attached is the normal case: then no copy is made.
-        if self.fanout.receiver_count() == 0 {
+        let Some(fanout) = self.fanout.get().filter(|f| f.receiver_count() > 0) else {
             return;
-        }
-        let _ = self.fanout.send(OutputChunk {
+        };
+        let _ = fanout.send(OutputChunk {
             stream,
             data: Bytes::copy_from_slice(data),
         });
@@ -254,14 +255,13 @@ impl ContainerIo {
     /// Creates the FIFOs in `dir`. Nothing is copied until [`ContainerIo::start`].
     pub fn create(dir: &Path, stdin: bool, tty: bool) -> std::io::Result<Self> {
         let fifos = FifoSet::create(dir, stdin, tty)?;
-        let (fanout, _) = broadcast::channel(FANOUT_CAPACITY);
         Ok(Self {
             dir: dir.to_path_buf(),
             fifos,
             sink: Arc::new(LogSink {
                 log: Mutex::new(None),
                 splitters: Mutex::new(Default::default()),
-                fanout,
+                fanout: std::sync::OnceLock::new(),
             }),
             copiers: Mutex::new(Vec::new()),
             placeholders: Mutex::new(Vec::new()),
@@ -351,7 +351,10 @@ impl ContainerIo {
 
     /// Output from now on, for attach.
     pub fn subscribe(&self) -> broadcast::Receiver<OutputChunk> {
-        self.sink.fanout.subscribe()
+        self.sink
+            .fanout
+            .get_or_init(|| broadcast::channel(FANOUT_CAPACITY).0)
+            .subscribe()
     }
 
     /// The stdin writer, for attach; `None` when stdin is closed or was never asked for.

@@ -84,6 +84,8 @@ pub struct ServiceState {
     pub stream_requests: Arc<crate::streaming::StreamRequests>,
     /// The stream server, once it is bound.
     pub stream_endpoint: std::sync::OnceLock<crate::streaming::StreamEndpoint>,
+    /// The account files of images containers were made from.
+    pub(crate) account_files: crate::cri::container_rootfs::AccountFilesCache,
     /// Serializes mounting and unmounting image volumes.
     pub(crate) image_volume_lock: tokio::sync::Mutex<()>,
     /// Serializes making remapped rootfs copies (pods in their own user namespace).
@@ -212,6 +214,7 @@ impl CriService {
             criu,
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
+            account_files: Default::default(),
             image_volume_lock: tokio::sync::Mutex::new(()),
             remap_lock: tokio::sync::Mutex::new(()),
             initialized: AtomicBool::new(false),

@@ -85,8 +85,9 @@ pub struct Container {
     status: Mutex<ContainerStatus>,
     status_path: PathBuf,
     pub io: Arc<ContainerIo>,
-    /// The process part of the runtime spec, the template of exec processes.
-    pub process_spec: serde_json::Value,
+    /// The process part of the runtime spec (JSON), the template of exec processes: kept
+    /// as text, a fraction of its size as a parsed tree.
+    pub process_spec: Box<[u8]>,
     /// True once the container has exited (or never will run).
     exited: watch::Sender<bool>,
     /// Set when containerd reported an OOM kill for the container.
@@ -105,7 +106,7 @@ impl Container {
         status: ContainerStatus,
         status_path: PathBuf,
         io: Arc<ContainerIo>,
-        process_spec: serde_json::Value,
+        process_spec: Box<[u8]>,
     ) -> Self {
         let done = status.state == ContainerState::Exited;
         Self {
@@ -290,7 +291,7 @@ mod tests {
             ContainerStatus::created(1),
             path.clone(),
             io,
-            serde_json::Value::Null,
+            Box::default(),
         ));
         let waiter = {
             let c = container.clone();
