@@ -20,6 +20,7 @@ use crate::api::v1::{
     NetworkUsage, PodSandboxAttributes, PodSandboxStats, PodSandboxStatsRequest,
     PodSandboxStatsResponse, ProcessUsage, PsiData, PsiStats, SwapUsage, UInt64Value,
 };
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
@@ -33,6 +34,10 @@ use crate::store::{Container, ContainerState, Sandbox, SandboxState};
 
 /// The interface kubelet treats as the pod's own.
 const DEFAULT_INTERFACE: &str = "eth0";
+/// Blocking reads of cgroups (and pods sampled) at once for one stats call.
+const PARALLEL_READS: usize = 4;
+/// Cgroups read in one blocking call at least: fewer are not worth another thread.
+const MIN_READ_BATCH: usize = 32;
 
 fn value(v: u64) -> Option<UInt64Value> {
     Some(UInt64Value { value: v })
@@ -130,17 +135,27 @@ impl CriService {
             Some(id) => id,
             None => return Ok(ListPodSandboxStatsResponse { stats: Vec::new() }),
         };
-        let mut stats = Vec::new();
-        for sandbox in self.sandboxes.list() {
-            let metadata = sandbox.metadata();
-            if sandbox.status().state != SandboxState::Ready
-                || wanted_id.as_ref().is_some_and(|id| id != &metadata.id)
-                || !labels_match(&metadata.config.labels, &filter.label_selector)
-            {
-                continue;
-            }
-            stats.push(self.sample_pod(&sandbox).await);
-        }
+        let pods: Vec<_> = self
+            .sandboxes
+            .list()
+            .into_iter()
+            .filter(|sandbox| {
+                let metadata = sandbox.metadata();
+                sandbox.status().state == SandboxState::Ready
+                    && wanted_id.as_ref().is_none_or(|id| id == &metadata.id)
+                    && labels_match(&metadata.config.labels, &filter.label_selector)
+            })
+            .collect();
+        // A few pods at a time: the reads of one overlap the hops of another, on a few
+        // blocking threads.
+        let samples = pods.into_iter().map(|sandbox| {
+            let service = self.clone();
+            async move { service.sample_pod(&sandbox).await }
+        });
+        let stats = futures::stream::iter(samples)
+            .buffered(PARALLEL_READS)
+            .collect()
+            .await;
         Ok(ListPodSandboxStatsResponse { stats })
     }
 
@@ -186,20 +201,32 @@ impl CriService {
             .collect()
     }
 
-    /// Reads cgroups by spec path off the async threads.
+    /// Reads cgroups by spec path off the async threads: many in up to
+    /// [`PARALLEL_READS`] batches at once.
     async fn read_cgroups(&self, paths: Vec<Option<String>>) -> Vec<Option<CgroupUsage>> {
         let Some(layout) = self.cgroups.clone() else {
             return paths.iter().map(|_| None).collect();
         };
-        let count = paths.len();
-        tokio::task::spawn_blocking(move || {
-            paths
-                .iter()
-                .map(|p| p.as_ref().map(|p| layout.read(p)))
-                .collect()
-        })
-        .await
-        .unwrap_or_else(|_| vec![None; count])
+        let batch = paths.len().div_ceil(PARALLEL_READS).max(MIN_READ_BATCH);
+        let reads = paths.chunks(batch).map(|chunk| {
+            let (layout, chunk) = (layout.clone(), chunk.to_vec());
+            let count = chunk.len();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    chunk
+                        .iter()
+                        .map(|p| p.as_ref().map(|p| layout.read(p)))
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap_or_else(|_| vec![None; count])
+            }
+        });
+        futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     fn container_stats_from(

@@ -377,21 +377,71 @@ fn read_flat_keyed(path: &Path) -> HashMap<String, u64> {
         .unwrap_or_default()
 }
 
+/// Whether the kernel accounts swap in cgroup v1 (the `memory.memsw.*` files exist): the
+/// same for every cgroup, so looked at once.
+static SWAP_ACCOUNTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Whether `dir`'s memsw files are worth reading; `None` when that cannot be told (the
+/// cgroup is gone).
+fn swap_accounted(dir: &Path) -> Option<bool> {
+    if let Some(known) = SWAP_ACCOUNTING.get() {
+        return Some(*known);
+    }
+    if dir.join("memory.memsw.usage_in_bytes").exists() {
+        Some(*SWAP_ACCOUNTING.get_or_init(|| true))
+    } else if dir.exists() {
+        Some(*SWAP_ACCOUNTING.get_or_init(|| false))
+    } else {
+        None
+    }
+}
+
+/// The values of `keys` in a flat-keyed file (`key value` lines), without collecting the
+/// rest.
+fn read_keys<const N: usize>(path: &Path, keys: [&str; N]) -> [u64; N] {
+    let mut values = [0; N];
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return values;
+    };
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(' ') else {
+            continue;
+        };
+        if let Some(i) = keys.iter().position(|k| *k == key) {
+            values[i] = value.trim().parse().unwrap_or(0);
+        }
+    }
+    values
+}
+
 fn read_v1_memory(dir: &Path) -> Option<MemoryUsage> {
     let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
-    let stat = read_flat_keyed(&dir.join("memory.stat"));
-    let get = |key: &str| stat.get(key).copied().unwrap_or(0);
+    let [inactive_file, rss, page_faults, major_page_faults] = read_keys(
+        &dir.join("memory.stat"),
+        [
+            "total_inactive_file",
+            "total_rss",
+            "total_pgfault",
+            "total_pgmajfault",
+        ],
+    );
     let limit = read_u64(&dir.join("memory.limit_in_bytes")).filter(|l| *l < UNLIMITED);
     // memsw counts memory plus swap; the files exist only with swap accounting.
-    let memsw = read_u64(&dir.join("memory.memsw.usage_in_bytes"));
-    let memsw_limit = read_u64(&dir.join("memory.memsw.limit_in_bytes")).filter(|l| *l < UNLIMITED);
+    let (memsw, memsw_limit) = if swap_accounted(dir) == Some(false) {
+        (None, None)
+    } else {
+        (
+            read_u64(&dir.join("memory.memsw.usage_in_bytes")),
+            read_u64(&dir.join("memory.memsw.limit_in_bytes")).filter(|l| *l < UNLIMITED),
+        )
+    };
     Some(MemoryUsage {
         usage,
         limit,
-        working_set: usage.saturating_sub(get("total_inactive_file")),
-        rss: get("total_rss"),
-        page_faults: get("total_pgfault"),
-        major_page_faults: get("total_pgmajfault"),
+        working_set: usage.saturating_sub(inactive_file),
+        rss,
+        page_faults,
+        major_page_faults,
         swap_usage: memsw.map(|m| m.saturating_sub(usage)),
         swap_limit: memsw_limit.map(|m| m.saturating_sub(limit.unwrap_or(0))),
     })
