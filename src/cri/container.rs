@@ -149,7 +149,7 @@ impl CriService {
         )
         .await
         {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => container.mark_task_deleted(),
             Ok(Err(e)) => {
                 tracing::warn!(container = %container.id(), error = %e, "deleting the exited task failed");
             }
@@ -235,7 +235,11 @@ impl CriService {
     /// name. The log file stays (kubelet owns it).
     pub(crate) async fn destroy_container(&self, container: &Arc<Container>) -> Result<(), Status> {
         let id = container.id().to_string();
-        self.destroy_task(&id).await?;
+        if container.task_deleted() {
+            self.unmount_idmapped_rootfs(&id);
+        } else {
+            self.destroy_task(&id).await?;
+        }
         // Once the task is gone, the record, the snapshot and the files are independent:
         // removed at once. Each removal is idempotent, so a retry after a failure (or
         // recovery after a crash) finishes what is left.

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::api::v1::{
     ContainerAttributes, ContainerStats, ContainerStatsRequest, ContainerStatsResponse, CpuUsage,
@@ -29,7 +29,7 @@ use super::unix_nanos;
 use crate::server::CriService;
 use crate::stats::cgroup::{Pressure, PressureLine, parent_of};
 use crate::stats::netdev::{InterfaceCounters, read_interfaces};
-use crate::stats::{CgroupUsage, LayerUsage, MemoryUsage};
+use crate::stats::{CgroupLayout, CgroupUsage, LayerUsage, MemoryUsage};
 use crate::store::{Container, ContainerState, Sandbox, SandboxState};
 
 /// The interface kubelet treats as the pod's own.
@@ -201,32 +201,32 @@ impl CriService {
             .collect()
     }
 
-    /// Reads cgroups by spec path off the async threads: many in up to
-    /// [`PARALLEL_READS`] batches at once.
+    /// The usage of cgroups by spec path: from samples read within the last second (those
+    /// older than half a second are read again in the background), the others read now,
+    /// off the async threads.
     async fn read_cgroups(&self, paths: Vec<Option<String>>) -> Vec<Option<CgroupUsage>> {
         let Some(layout) = self.cgroups.clone() else {
             return paths.iter().map(|_| None).collect();
         };
-        let batch = paths.len().div_ceil(PARALLEL_READS).max(MIN_READ_BATCH);
-        let reads = paths.chunks(batch).map(|chunk| {
-            let (layout, chunk) = (layout.clone(), chunk.to_vec());
-            let count = chunk.len();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    chunk
-                        .iter()
-                        .map(|p| p.as_ref().map(|p| layout.read(p)))
-                        .collect::<Vec<_>>()
-                })
-                .await
-                .unwrap_or_else(|_| vec![None; count])
-            }
-        });
-        futures::future::join_all(reads)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        let mut cached = self.cgroup_samples.lookup(&paths);
+        if !cached.stale.is_empty() && self.cgroup_samples.start_refresh() {
+            let (service, layout) = (self.clone(), layout.clone());
+            let stale = std::mem::take(&mut cached.stale);
+            tokio::spawn(async move {
+                read_and_store(&service, &layout, stale).await;
+                service.cgroup_samples.end_refresh();
+            });
+        }
+        let missing: Vec<String> = cached
+            .missing
+            .iter()
+            .filter_map(|i| paths[*i].clone())
+            .collect();
+        let read = read_and_store(self, &layout, missing).await;
+        for (i, usage) in cached.missing.into_iter().zip(read) {
+            cached.usages[i] = Some(usage);
+        }
+        cached.usages
     }
 
     fn container_stats_from(
@@ -237,6 +237,11 @@ impl CriService {
     ) -> ContainerStats {
         let metadata = &container.metadata;
         let config = &metadata.config;
+        // A reused sample tells the time it was read.
+        let now = usage
+            .map(|u| u.sampled_at_ns)
+            .filter(|at| *at > 0)
+            .unwrap_or(now);
         ContainerStats {
             attributes: Some(ContainerAttributes {
                 id: metadata.id.clone(),
@@ -325,6 +330,12 @@ impl CriService {
             Vec::new()
         };
         let now = unix_nanos(SystemTime::now());
+        // The pod's totals are as old as the samples they were added up from.
+        let usage_at = pod_usage
+            .as_ref()
+            .map(|u| u.sampled_at_ns)
+            .filter(|at| *at > 0)
+            .unwrap_or(now);
         PodSandboxStats {
             attributes: Some(PodSandboxAttributes {
                 id: metadata.id.clone(),
@@ -335,18 +346,20 @@ impl CriService {
             linux: Some(LinuxPodSandboxStats {
                 cpu: pod_usage
                     .as_ref()
-                    .and_then(|u| self.cpu_usage(&metadata.id, u, now)),
-                memory: pod_usage.as_ref().and_then(|u| cgroup_memory_usage(u, now)),
+                    .and_then(|u| self.cpu_usage(&metadata.id, u, usage_at)),
+                memory: pod_usage
+                    .as_ref()
+                    .and_then(|u| cgroup_memory_usage(u, usage_at)),
                 network: (!interfaces.is_empty()).then(|| network_usage(&interfaces, now)),
                 process: pod_usage
                     .as_ref()
                     .and_then(|u| u.pids)
                     .map(|count| ProcessUsage {
-                        timestamp: now,
+                        timestamp: usage_at,
                         process_count: value(count),
                     }),
                 containers: containers.into_iter().map(|c| c.stats).collect(),
-                io: pod_usage.as_ref().and_then(|u| io_usage(u, now)),
+                io: pod_usage.as_ref().and_then(|u| io_usage(u, usage_at)),
             }),
             windows: None,
         }
@@ -467,6 +480,46 @@ fn network_usage(interfaces: &[InterfaceCounters], now: i64) -> NetworkUsage {
 }
 
 /// Two cgroups' usage added up (for pods without a cgroup of their own).
+/// Reads `paths` in up to [`PARALLEL_READS`] blocking batches at once and keeps the samples.
+async fn read_and_store(
+    service: &CriService,
+    layout: &CgroupLayout,
+    paths: Vec<String>,
+) -> Vec<CgroupUsage> {
+    if paths.is_empty() {
+        return Vec::new();
+    }
+    let taken = Instant::now();
+    let at_ns = unix_nanos(SystemTime::now());
+    let batch = paths.len().div_ceil(PARALLEL_READS).max(MIN_READ_BATCH);
+    let reads = paths.chunks(batch).map(|chunk| {
+        let (layout, chunk) = (layout.clone(), chunk.to_vec());
+        let count = chunk.len();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                chunk
+                    .iter()
+                    .map(|p| CgroupUsage {
+                        sampled_at_ns: at_ns,
+                        ..layout.read(p)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_else(|_| vec![CgroupUsage::default(); count])
+        }
+    });
+    let usages: Vec<CgroupUsage> = futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    service
+        .cgroup_samples
+        .store(taken, paths.into_iter().zip(usages.iter().cloned()));
+    usages
+}
+
 fn add_usage(a: &CgroupUsage, b: &CgroupUsage) -> CgroupUsage {
     let sum = |x: Option<u64>, y: Option<u64>| match (x, y) {
         (None, None) => None,
@@ -490,6 +543,7 @@ fn add_usage(a: &CgroupUsage, b: &CgroupUsage) -> CgroupUsage {
         cpu_usage_ns: sum(a.cpu_usage_ns, b.cpu_usage_ns),
         memory,
         pids: sum(a.pids, b.pids),
+        sampled_at_ns: a.sampled_at_ns.max(b.sampled_at_ns),
         ..Default::default()
     }
 }

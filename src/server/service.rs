@@ -67,6 +67,8 @@ pub struct ServiceState {
     pub cgroups: Option<crate::stats::CgroupLayout>,
     /// The previous CPU sample of each container and pod, for CPU rates.
     pub cpu_rates: crate::stats::CpuRates,
+    /// Cgroup usage as last read, reused for a second.
+    pub cgroup_samples: crate::stats::CgroupSamples,
     /// Writable-layer usage, measured every stats collect period.
     pub layer_usages: crate::stats::LayerUsages,
     /// What each runtime handler's OCI runtime can do, probed at start-up.
@@ -207,6 +209,7 @@ impl CriService {
             stream_requests,
             cgroups,
             cpu_rates: Default::default(),
+            cgroup_samples: Default::default(),
             layer_usages: Default::default(),
             handler_features,
             host_idmap,

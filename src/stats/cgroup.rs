@@ -32,6 +32,8 @@ pub struct CgroupUsage {
     pub cpu_pressure: Option<Pressure>,
     pub memory_pressure: Option<Pressure>,
     pub io_pressure: Option<Pressure>,
+    /// When it was read (Unix nanoseconds); zero when not told.
+    pub sampled_at_ns: i64,
 }
 
 /// One PSI file: the `some` line, and the `full` line where the kernel writes one.
@@ -470,6 +472,7 @@ fn read_v2(dir: &Path) -> CgroupUsage {
         cpu_pressure: Pressure::read(&dir.join("cpu.pressure")),
         memory_pressure: Pressure::read(&dir.join("memory.pressure")),
         io_pressure: Pressure::read(&dir.join("io.pressure")),
+        sampled_at_ns: 0,
     }
 }
 

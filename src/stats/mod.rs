@@ -7,30 +7,39 @@ pub mod netdev;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 pub use cgroup::{CgroupLayout, CgroupUsage, MemoryUsage};
+
+/// One CPU sample: when (Unix ns), the cumulative usage then, and the rate it gave.
+type CpuSample = (i64, u64, Option<u64>);
 
 /// The previous CPU sample per container or sandbox, to turn cumulative usage into a rate.
 #[derive(Default)]
 pub struct CpuRates {
-    samples: Mutex<HashMap<String, (i64, u64)>>,
+    samples: Mutex<HashMap<String, CpuSample>>,
 }
 
 impl CpuRates {
     /// Records `usage_ns` at `at_ns` and returns the rate since the previous sample in
-    /// nano-cores (1e9 is one core busy), when there is an older one.
+    /// nano-cores (1e9 is one core busy), when there is an older one. The same sample
+    /// asked about again gets the rate it gave the first time.
     pub fn sample(&self, id: &str, at_ns: i64, usage_ns: u64) -> Option<u64> {
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         let previous = samples.get(id).copied();
         match previous {
-            Some((then, _)) if then >= at_ns => return None,
+            Some((then, _, rate)) if then == at_ns => return rate,
+            Some((then, _, _)) if then > at_ns => return None,
             _ => {}
         }
-        samples.insert(id.to_string(), (at_ns, usage_ns));
-        let (then, before) = previous?;
-        let elapsed = (at_ns - then) as u128;
-        let used = usage_ns.checked_sub(before)? as u128;
-        u64::try_from(used * 1_000_000_000 / elapsed).ok()
+        let rate = previous.and_then(|(then, before, _)| {
+            let elapsed = (at_ns - then) as u128;
+            let used = usage_ns.checked_sub(before)? as u128;
+            u64::try_from(used * 1_000_000_000 / elapsed).ok()
+        });
+        samples.insert(id.to_string(), (at_ns, usage_ns, rate));
+        rate
     }
 
     /// Drops samples of IDs not in `live`.
@@ -39,6 +48,78 @@ impl CpuRates {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|id, _| live.contains(id));
+    }
+}
+
+/// How old a cgroup sample may be and still answer a stats call as it is...
+const SAMPLE_FRESH: Duration = Duration::from_millis(500);
+/// ...and how old it may be and still answer one while it is read again in the background.
+/// Older ones are read before the call answers: a caller a second after the last one
+/// sees new usage.
+const SAMPLE_USABLE: Duration = Duration::from_secs(1);
+/// Samples not asked for this long are dropped.
+const SAMPLE_KEPT: Duration = Duration::from_secs(60);
+
+/// Cgroup usage as last read, by cgroup path. Reading hundreds of cgroups costs tens of
+/// milliseconds of kernel time, and kubelet, its summary API and metrics agents ask for the
+/// same ones in quick succession (ListPodSandboxStats, then ListContainerStats): within a
+/// second, a sample is reused (each carries when it was read).
+#[derive(Default)]
+pub struct CgroupSamples {
+    samples: Mutex<HashMap<String, (Instant, CgroupUsage)>>,
+    refreshing: AtomicBool,
+}
+
+/// What the cache holds for a list of cgroups.
+pub struct CachedSamples {
+    /// Per path: its usage, when a usable sample is held.
+    pub usages: Vec<Option<CgroupUsage>>,
+    /// Indices of paths with no usable sample: to be read now.
+    pub missing: Vec<usize>,
+    /// Paths whose sample is usable but no longer fresh: to be read again.
+    pub stale: Vec<String>,
+}
+
+impl CgroupSamples {
+    /// Looks up `paths` (`None`: no cgroup to read).
+    pub fn lookup(&self, paths: &[Option<String>]) -> CachedSamples {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = CachedSamples {
+            usages: vec![None; paths.len()],
+            missing: Vec::new(),
+            stale: Vec::new(),
+        };
+        for (i, path) in paths.iter().enumerate() {
+            let Some(path) = path else { continue };
+            match samples.get(path) {
+                Some((taken, usage)) if taken.elapsed() < SAMPLE_USABLE => {
+                    if taken.elapsed() >= SAMPLE_FRESH {
+                        cached.stale.push(path.clone());
+                    }
+                    cached.usages[i] = Some(usage.clone());
+                }
+                _ => cached.missing.push(i),
+            }
+        }
+        cached
+    }
+
+    /// Keeps freshly read samples (read at `taken`), dropping long unused ones.
+    pub fn store(&self, taken: Instant, read: impl IntoIterator<Item = (String, CgroupUsage)>) {
+        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        samples.retain(|_, (at, _)| at.elapsed() < SAMPLE_KEPT);
+        for (path, usage) in read {
+            samples.insert(path, (taken, usage));
+        }
+    }
+
+    /// Claims the one background refresh; `false` when one is running.
+    pub fn start_refresh(&self) -> bool {
+        !self.refreshing.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn end_refresh(&self) {
+        self.refreshing.store(false, Ordering::Release);
     }
 }
 
@@ -93,9 +174,45 @@ mod tests {
             rates.sample("c", 2_000_000_000, 500_000_000),
             Some(500_000_000)
         );
-        // An older or equal timestamp is no sample.
-        assert_eq!(rates.sample("c", 2_000_000_000, 900_000_000), None);
+        // The same sample again gets the same rate; an older one is no sample.
+        assert_eq!(
+            rates.sample("c", 2_000_000_000, 500_000_000),
+            Some(500_000_000)
+        );
+        assert_eq!(rates.sample("c", 1_500_000_000, 900_000_000), None);
         rates.retain(&HashSet::new());
         assert_eq!(rates.sample("c", 3_000_000_000, 600_000_000), None);
+    }
+
+    #[test]
+    fn cgroup_samples_answer_while_fresh_and_name_what_to_read() {
+        let samples = CgroupSamples::default();
+        let paths = [Some("/a".to_string()), None, Some("/b".to_string())];
+        let first = samples.lookup(&paths);
+        assert_eq!(first.missing, vec![0, 2]);
+        assert!(first.usages.iter().all(Option::is_none));
+        let usage = CgroupUsage {
+            cpu_usage_ns: Some(7),
+            ..Default::default()
+        };
+        samples.store(Instant::now(), [("/a".to_string(), usage.clone())]);
+        let second = samples.lookup(&paths);
+        assert_eq!(second.missing, vec![2]);
+        assert_eq!(second.usages[0], Some(usage.clone()));
+        assert!(second.stale.is_empty());
+        // Past fresh but still usable: answered, and named for a refresh.
+        let older = Instant::now() - SAMPLE_FRESH - Duration::from_millis(100);
+        samples.store(older, [("/b".to_string(), usage.clone())]);
+        let third = samples.lookup(&paths);
+        assert!(third.missing.is_empty());
+        assert_eq!(third.stale, vec!["/b".to_string()]);
+        // Too old: read again before answering.
+        let too_old = Instant::now() - SAMPLE_USABLE - Duration::from_millis(100);
+        samples.store(too_old, [("/a".to_string(), usage)]);
+        assert_eq!(samples.lookup(&paths).missing, vec![0]);
+        assert!(samples.start_refresh());
+        assert!(!samples.start_refresh(), "a second refresh at once");
+        samples.end_refresh();
+        assert!(samples.start_refresh());
     }
 }

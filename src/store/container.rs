@@ -94,6 +94,8 @@ pub struct Container {
     oom_killed: std::sync::atomic::AtomicBool,
     /// Taken by the first of the paths that learn of the exit (event, re-sync, stop).
     exit_claimed: std::sync::atomic::AtomicBool,
+    /// Set once the exited task was deleted: an exited container never has one again.
+    task_deleted: std::sync::atomic::AtomicBool,
     /// Serialises create/start/remove transitions.
     pub lifecycle: tokio::sync::Mutex<()>,
     /// Resources set by UpdateContainerResources since creation.
@@ -118,6 +120,7 @@ impl Container {
             exited: watch::channel(done).0,
             oom_killed: std::sync::atomic::AtomicBool::new(false),
             exit_claimed: std::sync::atomic::AtomicBool::new(false),
+            task_deleted: std::sync::atomic::AtomicBool::new(false),
             lifecycle: tokio::sync::Mutex::new(()),
             resources: Mutex::new(None),
         }
@@ -190,6 +193,16 @@ impl Container {
         !self
             .exit_claimed
             .swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    pub fn mark_task_deleted(&self) {
+        self.task_deleted
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the container's exited task is known to be deleted.
+    pub fn task_deleted(&self) -> bool {
+        self.task_deleted.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn oom_killed(&self) -> bool {
