@@ -148,10 +148,21 @@ impl CriService {
             .collect();
         // A few pods at a time: the reads of one overlap the hops of another, on a few
         // blocking threads.
-        let samples = pods.into_iter().map(|sandbox| {
-            let service = self.clone();
-            async move { service.sample_pod(&sandbox).await }
-        });
+        // Every pod's network counters in one blocking call; their cgroups mostly from
+        // recent samples.
+        let pids: Vec<u32> = pods.iter().map(|pod| pod.status().pid).collect();
+        let interfaces = tokio::task::spawn_blocking(move || {
+            pids.into_iter().map(pod_interfaces).collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let samples = pods
+            .into_iter()
+            .zip(interfaces)
+            .map(|(sandbox, interfaces)| {
+                let service = self.clone();
+                async move { service.sample_pod_with(&sandbox, interfaces).await }
+            });
         let stats = futures::stream::iter(samples)
             .buffered(PARALLEL_READS)
             .collect()
@@ -288,8 +299,20 @@ impl CriService {
 
     /// A ready pod's totals, network and containers.
     pub(crate) async fn sample_pod(&self, sandbox: &Arc<Sandbox>) -> PodSandboxStats {
+        let pid = sandbox.status().pid;
+        let interfaces = tokio::task::spawn_blocking(move || pod_interfaces(pid))
+            .await
+            .unwrap_or_default();
+        self.sample_pod_with(sandbox, interfaces).await
+    }
+
+    /// A ready pod's totals and containers, with its network counters read already.
+    async fn sample_pod_with(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        interfaces: Vec<InterfaceCounters>,
+    ) -> PodSandboxStats {
         let metadata = sandbox.metadata();
-        let status = sandbox.status();
         let containers = self
             .sample_containers(self.containers.in_sandbox(&metadata.id))
             .await;
@@ -320,14 +343,6 @@ impl CriService {
                     .filter_map(|c| c.usage.as_ref())
                     .fold(pause, |total, usage| add_usage(&total, usage))
             })
-        };
-        let pid = status.pid;
-        let interfaces = if pid > 0 {
-            tokio::task::spawn_blocking(move || read_interfaces(pid).unwrap_or_default())
-                .await
-                .unwrap_or_default()
-        } else {
-            Vec::new()
         };
         let now = unix_nanos(SystemTime::now());
         // The pod's totals are as old as the samples they were added up from.
@@ -480,6 +495,15 @@ fn network_usage(interfaces: &[InterfaceCounters], now: i64) -> NetworkUsage {
 }
 
 /// Two cgroups' usage added up (for pods without a cgroup of their own).
+/// The network counters of the pod whose pause process is `pid` (none without one).
+/// Blocking: call it off the async threads.
+fn pod_interfaces(pid: u32) -> Vec<InterfaceCounters> {
+    if pid == 0 {
+        return Vec::new();
+    }
+    read_interfaces(pid).unwrap_or_default()
+}
+
 /// Reads `paths` in up to [`PARALLEL_READS`] blocking batches at once and keeps the samples.
 async fn read_and_store(
     service: &CriService,
