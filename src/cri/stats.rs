@@ -146,10 +146,8 @@ impl CriService {
                     && labels_match(&metadata.config.labels, &filter.label_selector)
             })
             .collect();
-        // A few pods at a time: the reads of one overlap the hops of another, on a few
-        // blocking threads.
         // Every pod's network counters in one blocking call; their cgroups mostly from
-        // recent samples.
+        // recent samples, a few pods at a time.
         let pids: Vec<u32> = pods.iter().map(|pod| pod.status().pid).collect();
         let interfaces = tokio::task::spawn_blocking(move || {
             pids.into_iter().map(pod_interfaces).collect::<Vec<_>>()
