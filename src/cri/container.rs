@@ -259,7 +259,9 @@ impl CriService {
                 .map_err(internal)
         };
         let files = self.remove_container_files(container);
-        tokio::try_join!(record, snapshot, files)?;
+        // Each runs to its end, also when another fails.
+        let (record, snapshot, files) = tokio::join!(record, snapshot, files);
+        record.and(snapshot).and(files)?;
         self.containers.remove(&id);
         self.container_names.release(&container.metadata.name, &id);
         self.emit_container_event(

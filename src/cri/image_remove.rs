@@ -34,8 +34,10 @@ impl CriService {
         let Some(last) = names.pop() else {
             return Ok(RemoveImageResponse {});
         };
-        futures::future::try_join_all(names.iter().map(|name| self.delete_image_name(name, false)))
-            .await?;
+        futures::future::join_all(names.iter().map(|name| self.delete_image_name(name, false)))
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, Status>>()?;
         self.delete_image_name(&last, true).await?;
         names.push(last);
         tracing::info!(image = %image.id, removed = ?names, "image removed");

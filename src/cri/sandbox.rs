@@ -268,19 +268,23 @@ impl CriService {
         let id = metadata.id.clone();
         // The pod's containers go first, forcibly and all at once, as containerd's CRI
         // stops them.
+        // Each runs to its end, also when another fails: a retry finds less to do.
         let containers = self.containers.in_sandbox(&id);
-        futures::future::try_join_all(
+        futures::future::join_all(
             containers
                 .iter()
                 .map(|container| self.stop_container_process(container, Duration::ZERO)),
         )
-        .await?;
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>, Status>>()?;
         // The netns is pinned apart from the pause task, so the network is torn down while
         // the task is killed and deleted.
-        tokio::try_join!(
+        let (task, network) = tokio::join!(
             self.stop_pause_task(sandbox),
             self.release_network(sandbox, &metadata)
-        )?;
+        );
+        task.and(network)?;
         self.unmount_sandbox_shm(&id);
         self.unmount_image_volumes(&id).await?;
         if !metadata.netns_path.is_empty() {
