@@ -413,6 +413,7 @@ struct Rss {
     total: u64,
     anon: u64,
     file: u64,
+    threads: u64,
 }
 
 fn rss_kib(pid: u32) -> Rss {
@@ -424,10 +425,16 @@ fn rss_kib(pid: u32) -> Rss {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
     };
+    let threads = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
     Rss {
         total: field("VmRSS:"),
         anon: field("RssAnon:"),
         file: field("RssFile:"),
+        threads,
     }
 }
 
@@ -546,6 +553,12 @@ async fn main() {
         &mib(cri_rss.file),
         &mib(crius_own.file),
         &ratio(crius_own.file as f64, cri_rss.file as f64),
+    );
+    row(
+        "  its threads",
+        &cri_rss.threads.to_string(),
+        &crius_own.threads.to_string(),
+        &ratio(crius_own.threads as f64, cri_rss.threads as f64),
     );
     row(
         &format!("with its containerd, {MEMORY_PODS} pods"),
