@@ -322,11 +322,12 @@ impl CriService {
         let pod_usage = if metadata.cgroups_path.is_empty() {
             None
         } else if has_parent {
-            let layout = self.cgroups.clone();
+            // The pod's own cgroup, absolute from the hierarchy's root: a spec path of its
+            // own, so it is sampled like the others.
             let pod_cgroup: PathBuf = parent_of(&metadata.cgroups_path);
-            tokio::task::spawn_blocking(move || layout.map(|l| l.read_path(&pod_cgroup)))
+            self.read_cgroups(vec![Some(pod_cgroup.to_string_lossy().into_owned())])
                 .await
-                .ok()
+                .pop()
                 .flatten()
         } else {
             // No pod cgroup: the pause container plus every running container.
