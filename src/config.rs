@@ -23,6 +23,9 @@ pub enum ConfigError {
     },
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    /// Config text that is not a crius config ([`Config::from_toml_str`]).
+    #[error("invalid config: {message}")]
+    Syntax { message: String },
     #[error("invalid config: {key}: {reason}")]
     Invalid { key: String, reason: String },
 }
@@ -129,6 +132,7 @@ pub struct Config {
     pub userns: UsernsConfig,
     pub sandbox_controller: SandboxControllerConfig,
     pub log: LogConfig,
+    pub metrics: MetricsConfig,
 }
 
 impl Config {
@@ -160,6 +164,7 @@ impl Default for Config {
             userns: UsernsConfig::default(),
             sandbox_controller: SandboxControllerConfig::default(),
             log: LogConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -505,6 +510,14 @@ impl Default for LogConfig {
     }
 }
 
+/// crius's own Prometheus metrics.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` to serve `GET /metrics` on (plain HTTP). Empty: no listener.
+    pub address: String,
+}
+
 impl Config {
     /// Loads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -512,10 +525,21 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        let config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        Self::from_toml_str(&text).map_err(|e| match e {
+            ConfigError::Syntax { message } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates config text (a file's contents, as `load` reads them).
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Config =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax {
+                message: e.to_string(),
+            })?;
         config.validate()?;
         Ok(config)
     }
@@ -555,6 +579,21 @@ impl Config {
             return Err(invalid(
                 "grpc.ttrpc_address",
                 "must differ from grpc.address",
+            ));
+        }
+        if !self.metrics.address.is_empty()
+            && self
+                .metrics
+                .address
+                .parse::<std::net::SocketAddr>()
+                .is_err()
+        {
+            return Err(invalid(
+                "metrics.address",
+                format!(
+                    "must be an IP address and port such as \"127.0.0.1:9838\", got {:?}",
+                    self.metrics.address
+                ),
             ));
         }
         if self.containerd.namespace.is_empty() {
@@ -763,6 +802,11 @@ rootfs = "auto"
 # error | warn | info | debug | trace, or a filter such as "crius=debug,info".
 level = "info"
 format = "text"   # text | json
+
+[metrics]
+# host:port for Prometheus to scrape GET /metrics from (plain HTTP), e.g. "127.0.0.1:9838".
+# Empty: no metrics listener. `crius metrics` lists every metric.
+address = ""
 "#;
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ pub mod idmap;
 pub mod image;
 pub mod io;
 pub mod logging;
+pub mod metrics;
+pub mod migrate;
 pub mod mount;
 pub mod netns;
 pub mod oci;

@@ -33,6 +33,8 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// List every metric crius exports, with its type and meaning
+    Metrics,
     /// Print the version
     Version,
 }
@@ -43,6 +45,17 @@ enum ConfigAction {
     Default,
     /// Validate a configuration file and exit non-zero naming the offending key
     Check,
+    /// Print the crius config equivalent to the CRI settings of a containerd config.toml;
+    /// what cannot be carried over is listed on stderr
+    Migrate {
+        /// containerd's config file (versions 1, 2 and 3)
+        #[arg(long)]
+        from: PathBuf,
+        /// Directory to write hosts.toml files into for the deprecated registry mirrors and
+        /// TLS settings (it becomes registry.config_path)
+        #[arg(long)]
+        hosts_dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,6 +88,22 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Config {
+            action: ConfigAction::Migrate { from, hosts_dir },
+        } => {
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            match crius::migrate::run(&from, hosts_dir.as_deref(), &mut out, &mut err) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("crius: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Metrics => {
+            print!("{}", crius::metrics::describe());
+            ExitCode::SUCCESS
         }
         Command::Serve => serve(cli.config, cli.log_level),
     }

@@ -296,7 +296,26 @@ impl CniNetwork {
         })
     }
 
+    /// ADD of one network (all its plugins), timed for the metrics.
     async fn add_list(
+        &self,
+        network: &NetworkConfigList,
+        ifname: &str,
+        pod: &PodRef,
+        capabilities: &Map<String, Value>,
+    ) -> Result<Value, CniError> {
+        let started = std::time::Instant::now();
+        let added = self.add_plugins(network, ifname, pod, capabilities).await;
+        crate::metrics::metrics().cni_operation(
+            "add",
+            &network.name,
+            started.elapsed(),
+            added.is_ok(),
+        );
+        added
+    }
+
+    async fn add_plugins(
         &self,
         network: &NetworkConfigList,
         ifname: &str,
@@ -318,7 +337,29 @@ impl CniNetwork {
         Ok(prev.unwrap_or_else(|| json!({})))
     }
 
+    /// DEL of one network (all its plugins, last first), timed for the metrics.
     async fn del_list(
+        &self,
+        network: &NetworkConfigList,
+        ifname: &str,
+        pod: &PodRef,
+        capabilities: &Map<String, Value>,
+        result: Option<&Value>,
+    ) -> Result<(), CniError> {
+        let started = std::time::Instant::now();
+        let deleted = self
+            .del_plugins(network, ifname, pod, capabilities, result)
+            .await;
+        crate::metrics::metrics().cni_operation(
+            "del",
+            &network.name,
+            started.elapsed(),
+            deleted.is_ok(),
+        );
+        deleted
+    }
+
+    async fn del_plugins(
         &self,
         network: &NetworkConfigList,
         ifname: &str,

@@ -159,6 +159,7 @@ impl CriService {
         }
         let code = code as i32;
         let reason = exit_reason(code, container.oom_killed());
+        crate::metrics::metrics().container_exited(reason);
         container.update_status(|s| {
             s.state = ContainerState::Exited;
             s.exit_code = code;

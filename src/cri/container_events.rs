@@ -27,6 +27,7 @@ impl CriService {
                 match event {
                     Ok(event) => Some(Ok(event)),
                     Err(BroadcastStreamRecvError::Lagged(missed)) => {
+                        crate::metrics::metrics().events_dropped(missed);
                         tracing::warn!(
                             missed,
                             "a container event subscriber fell behind; events dropped"

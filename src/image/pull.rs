@@ -411,6 +411,7 @@ impl ImagePuller {
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<Image, PullFailure> {
         let started = Instant::now();
+        let timer = crate::metrics::metrics().pull_started();
         let progress = Arc::new(Progress::new());
         let name = reference.to_string();
         // Why the pull must stop before it is done: no useful progress, too slow over all, or
@@ -426,6 +427,7 @@ impl ImagePuller {
         let outcome = self
             .pull_with_lease(reference, credentials, &progress, stop)
             .await;
+        timer.finish(outcome.is_ok(), progress.bytes.load(Ordering::Relaxed));
         match outcome {
             Ok(image) => {
                 tracing::info!(

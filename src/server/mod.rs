@@ -40,6 +40,14 @@ pub fn raise_open_file_limit() {
     }
 }
 
+/// Tells the service manager (systemd's `Type=notify`, through `$NOTIFY_SOCKET`) how the
+/// service is doing; a no-op when crius was not started by one.
+fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "cannot notify the service manager");
+    }
+}
+
 /// A critical task's name and how it ended.
 type TaskEnd = (&'static str, Result<(), String>);
 
@@ -73,6 +81,14 @@ impl CriService {
             }
         };
         let _ = self.stream_endpoint.set(stream_server.endpoint());
+        let metrics_server = match self.bind_metrics().await {
+            Ok(server) => server,
+            Err(e) => {
+                socket::remove(&grpc_path);
+                socket::remove(&ttrpc_path);
+                return Err(e);
+            }
+        };
 
         let server = CriServer::new(self.clone());
         let mut tasks: JoinSet<TaskEnd> = JoinSet::new();
@@ -116,7 +132,7 @@ impl CriService {
                     tracing::info!("stop requested during start-up");
                     Ok(())
                 }
-                started = self.start(&mut tasks, stream_server) => match started {
+                started = self.start(&mut tasks, stream_server, metrics_server) => match started {
                     Err(e) => Err(e),
                     Ok(()) => {
                         tracing::info!(
@@ -124,12 +140,18 @@ impl CriService {
                             ttrpc = %ttrpc_path.display(),
                             "crius is serving the CRI"
                         );
+                        // Ready only now: recovery is done and the critical tasks run.
+                        notify_service_manager(&[
+                            sd_notify::NotifyState::Ready,
+                            sd_notify::NotifyState::Status("serving the CRI"),
+                        ]);
                         self.supervise(&mut tasks, stop).await
                     }
                 },
             },
         };
 
+        notify_service_manager(&[sd_notify::NotifyState::Stopping]);
         self.close();
         let ttrpc_stop = async {
             if tokio::time::timeout(SHUTDOWN_GRACE, ttrpc.shutdown())
@@ -184,17 +206,30 @@ impl CriService {
         Ok(())
     }
 
+    /// The metrics listener, when `[metrics] address` names one.
+    async fn bind_metrics(&self) -> Result<Option<crate::metrics::MetricsServer>, ServiceError> {
+        let address = &self.config.metrics.address;
+        if address.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(crate::metrics::MetricsServer::bind(address).await?))
+    }
+
     /// Recovers state and starts the critical tasks, then marks the service initialized.
     async fn start(
         &self,
         tasks: &mut JoinSet<TaskEnd>,
         stream_server: crate::streaming::StreamServer,
+        metrics_server: Option<crate::metrics::MetricsServer>,
     ) -> Result<(), ServiceError> {
         crate::failpoint::hit("startup").await?;
+        notify_service_manager(&[sd_notify::NotifyState::Status("recovering state")]);
+        let recovery = std::time::Instant::now();
         crate::recovery::recover_images(&self.containerd, &self.images).await?;
         crate::recovery::recover_sandboxes(self).await?;
         crate::recovery::recover_containers(self).await?;
         crate::recovery::clean_up_leftovers(self).await;
+        crate::metrics::metrics().recovered(recovery.elapsed());
         if self.config.image.sandbox_image.is_empty()
             && let Err(e) = self.ensure_sandbox_image().await
         {
@@ -224,6 +259,14 @@ impl CriService {
             stream_server.serve(cancel).await;
             ("stream server", Ok(()))
         });
+
+        if let Some(metrics_server) = metrics_server {
+            let cancel = self.shutdown.clone();
+            tasks.spawn(async move {
+                metrics_server.serve(cancel).await;
+                ("metrics listener", Ok(()))
+            });
+        }
 
         let service = self.clone();
         tasks.spawn(async move {

@@ -74,9 +74,11 @@ impl CriServer {
     ) -> Result<T, Status> {
         if !self.service.is_initialized() {
             tracing::debug!(rpc, id = %ids, "rejected: server is not initialized yet");
+            crate::metrics::metrics().rpc_finished(rpc, Code::Unavailable, Default::default());
             return Err(Status::unavailable("server is not initialized yet"));
         }
         let start = Instant::now();
+        let _in_flight = crate::metrics::metrics().rpc_started(rpc);
         let deadline = deadline.or_else(deadline::current);
         // On the heap: handler futures are large, and the deadline's wrappers would put a
         // second copy of one on the worker thread's stack.
@@ -102,7 +104,10 @@ impl CriServer {
             None => bounded.await,
         }
         .map_err(|status| with_bounded_message(self.unavailable_while_containerd_is_away(status)));
-        let latency_us = start.elapsed().as_micros() as u64;
+        let took = start.elapsed();
+        let latency_us = took.as_micros() as u64;
+        let code = result.as_ref().err().map_or(Code::Ok, Status::code);
+        crate::metrics::metrics().rpc_finished(rpc, code, took);
         match &result {
             Ok(_) if is_read_only(rpc) => {
                 tracing::debug!(rpc, id = %ids, latency_us, code = "OK");

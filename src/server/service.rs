@@ -40,6 +40,8 @@ pub enum ServiceError {
     Config(String),
     #[error(transparent)]
     StreamServer(#[from] crate::streaming::StreamServerError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::ServeError),
 }
 
 /// The state behind the CRI handlers. Shared by cheap clones of [`CriService`].

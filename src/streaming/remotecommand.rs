@@ -87,6 +87,14 @@ pub enum Command {
 }
 
 impl Command {
+    /// The session kind, as the metrics count it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::Exec { .. } => "exec",
+            Command::Attach { .. } => "attach",
+        }
+    }
+
     /// Runs the command with `io` and says how it ended.
     pub async fn run(
         &self,

@@ -328,6 +328,7 @@ async fn port_forward(
     state.sessions.spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
+                let _open = crate::metrics::metrics().stream_session_opened("port_forward");
                 let conn = SpdyConnection::new(
                     TokioIo::new(upgraded),
                     idle_timeout,
@@ -368,6 +369,7 @@ async fn upgrade_remote_command(
     state.sessions.spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
+                let _open = crate::metrics::metrics().stream_session_opened(command.kind());
                 let conn = SpdyConnection::new(
                     TokioIo::new(upgraded),
                     idle_timeout,
@@ -427,7 +429,12 @@ async fn upgrade_websocket(
         idle_timeout: state.idle_timeout,
     };
     let sessions = state.sessions.clone();
-    upgrade.on_upgrade(move |socket| sessions.track_future(session.serve(socket)))
+    upgrade.on_upgrade(move |socket| {
+        sessions.track_future(async move {
+            let _open = crate::metrics::metrics().stream_session_opened(session.command.kind());
+            session.serve(socket).await
+        })
+    })
 }
 
 /// A duplicate of the client's socket, taken while its request is handled.
