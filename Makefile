@@ -1,7 +1,7 @@
 # crius: `make run` serves the CRI in the foreground; `make test` runs every check and test
 # on a fresh machine (it installs packages, starts containerd and a registry, stops them).
 
-.PHONY: all build release shim run test bench bench-all fuzz testbed-up testbed-down clean
+.PHONY: all build release shim run test install bench bench-all fuzz testbed-up testbed-down clean
 
 all: build
 
@@ -22,6 +22,23 @@ run: release
 
 test:
 	scripts/testbed.sh test
+
+# Installs crius, its shim, the systemd unit, and a default config and CNI network where
+# none exists (scripts/install.sh). PROFILE=debug installs what `make build shim` built.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+CNI_CONF_DIR ?= $(SYSCONFDIR)/cni/net.d
+PROFILE ?= release
+
+install:
+ifeq ($(PROFILE),release)
+	$(MAKE) release
+endif
+	DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" BINDIR="$(BINDIR)" UNITDIR="$(UNITDIR)" \
+	SYSCONFDIR="$(SYSCONFDIR)" CNI_CONF_DIR="$(CNI_CONF_DIR)" PROFILE="$(PROFILE)" \
+	scripts/install.sh
 
 # The parsers' property tests with many more cases than `make test` runs (256 each).
 fuzz:

@@ -39,7 +39,7 @@ LAYOUT=$TB/images/oci
 PACKAGES=(
   containerd runc containernetworking-plugins protobuf-compiler docker-registry skopeo
   umoci busybox-static iproute2 iptables iputils-ping curl ca-certificates apache2-utils python3
-  criu
+  criu systemd
 )
 
 log() { printf '[testbed] %s\n' "$*" >&2; }

@@ -336,6 +336,69 @@ async fn rpcs_before_start_up_finished_are_unavailable() {
     crius.wait_ready(Duration::from_secs(10)).await;
 }
 
+/// The next datagram on a service manager's notify socket, within `timeout`.
+async fn next_notification(socket: &tokio::net::UnixDatagram, timeout: Duration) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    let len = tokio::time::timeout(timeout, socket.recv(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..len]).into_owned())
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn systemd_hears_ready_only_once_crius_serves_and_stopping_at_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = tokio::net::UnixDatagram::bind(&notify_path).unwrap();
+    let notify_env = notify_path.to_str().unwrap();
+    let mut crius = Crius::spawn_with(
+        |_| {},
+        &[
+            ("NOTIFY_SOCKET", notify_env),
+            ("CRIUS_FAILPOINTS", "startup=sleep(1500)"),
+        ],
+    );
+
+    let first = next_notification(&notify, Duration::from_secs(20)).await;
+    assert_eq!(
+        first.as_deref(),
+        Some("STATUS=recovering state\n"),
+        "{}",
+        crius.log()
+    );
+    // Start-up is held by the failpoint: not ready, and the CRI says so.
+    let mut client = crius.client_now().await.expect("the socket is bound");
+    let early = client.runtime.version(VersionRequest::default()).await;
+    assert_eq!(early.unwrap_err().code(), tonic::Code::Unavailable);
+
+    let ready = next_notification(&notify, Duration::from_secs(20)).await;
+    assert_eq!(
+        ready.as_deref(),
+        Some("READY=1\nSTATUS=serving the CRI\n"),
+        "{}",
+        crius.log()
+    );
+    client
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("served once READY was sent");
+
+    crius.signal(Signal::SIGTERM);
+    let stopping = next_notification(&notify, Duration::from_secs(5)).await;
+    assert_eq!(stopping.as_deref(), Some("STOPPING=1\n"));
+    let status = crius
+        .wait_exit(Duration::from_secs(5))
+        .await
+        .expect("exits");
+    assert!(status.success(), "{status}");
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(feature = "failpoints"),
