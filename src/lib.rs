@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cdi;
+pub mod check;
 pub mod checkpoint;
 pub mod client;
 pub mod cni;

@@ -33,6 +33,9 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Check, without changing anything, that this host can run crius with its config;
+    /// exits non-zero when a check fails
+    Check,
     /// List every metric crius exports, with its type and meaning
     Metrics,
     /// Print the version
@@ -101,11 +104,40 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Check => check(cli.config),
         Command::Metrics => {
             print!("{}", crius::metrics::describe());
             ExitCode::SUCCESS
         }
         Command::Serve => serve(cli.config, cli.log_level),
+    }
+}
+
+/// `crius check`: one line per check, non-zero exit when one fails.
+fn check(config_path: Option<PathBuf>) -> ExitCode {
+    let config = match Config::load_or_default(config_path.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            println!("FAIL config: {e} -> fix the file (crius config check names the key)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("crius: failed to start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = runtime.block_on(crius::check::run(&config));
+    print!("{}", report.render());
+    if report.failed() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -1,0 +1,103 @@
+//! `crius check` against the test bed: a host that can run crius passes, and each broken
+//! part fails with its own line and what to do.
+
+mod common;
+
+use common::{Crius, Testbed, bridge_conflist};
+
+fn check(config: &crius::config::Config) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run crius check");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn the_test_bed_passes_every_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Crius::config(dir.path());
+    std::fs::create_dir_all(&config.cni.conf_dir).unwrap();
+    std::fs::write(
+        config.cni.conf_dir.join("10-check.conflist"),
+        bridge_conflist("check-net", "10.77.0.0/24"),
+    )
+    .unwrap();
+    let (passed, text) = check(&config);
+    assert!(passed, "{text}");
+    let containerd = Testbed::from_env().containerd_address;
+    for line in [
+        format!(
+            "ok   containerd: reachable at {}, version ",
+            containerd.display()
+        ),
+        "ok   snapshotter: containerd serves \"overlayfs\"".to_string(),
+        "ok   runtime runc (default): shim containerd-shim-crius-v2, ".to_string(),
+        "ok   CNI config: 1 network(s) from ".to_string(),
+        "ok   CNI plugins: all found in ".to_string(),
+    ] {
+        assert!(text.contains(&line), "{line:?} missing:\n{text}");
+    }
+    assert!(text.contains("seccomp yes"), "{text}");
+    assert!(text.ends_with(" checks, 0 failed\n"), "{text}");
+}
+
+#[test]
+fn each_broken_part_fails_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Crius::config(dir.path());
+    config.containerd.address = dir.path().join("no-containerd.sock");
+    config
+        .containerd
+        .runtimes
+        .get_mut("runc")
+        .unwrap()
+        .options
+        .binary_name = "no-such-oci-runtime".to_string();
+    std::fs::create_dir_all(&config.cni.conf_dir).unwrap();
+    std::fs::write(
+        config.cni.conf_dir.join("10-check.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"odd","plugins":[{"type":"no-such-plugin"}]}"#,
+    )
+    .unwrap();
+    // A port something already listens on.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    config.stream.port = taken.local_addr().unwrap().port();
+
+    let (passed, text) = check(&config);
+    assert!(!passed, "{text}");
+    for line in [
+        "FAIL containerd: not reachable at ",
+        "-> start containerd",
+        "FAIL snapshotter: \"overlayfs\" not checked",
+        "FAIL runtime runc (default): shim containerd-shim-crius-v2, but OCI runtime no-such-oci-runtime not found",
+        ": no-such-plugin -> install them",
+        "FAIL stream server: cannot listen on 127.0.0.1:",
+    ] {
+        assert!(text.contains(line), "{line:?} missing:\n{text}");
+    }
+    assert!(text.ends_with(" checks, 5 failed\n"), "{text}");
+}
+
+#[test]
+fn an_invalid_config_is_a_failed_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, "[metrics]\naddress = \"everywhere\"\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("FAIL config: "), "{text}");
+    assert!(text.contains("metrics.address"), "{text}");
+}
