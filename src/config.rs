@@ -536,10 +536,9 @@ impl Config {
 
     /// Parses and validates config text (a file's contents, as `load` reads them).
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let config: Config =
-            toml::from_str(text).map_err(|e| ConfigError::Syntax {
-                message: e.to_string(),
-            })?;
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            message: e.to_string(),
+        })?;
         config.validate()?;
         Ok(config)
     }
