@@ -23,20 +23,19 @@ run: release
 test:
 	scripts/testbed.sh test
 
-# Installs crius, its shim, the systemd unit, and a default config and CNI network where
-# none exists (scripts/install.sh). PROFILE=debug installs what `make build shim` built.
+# Installs what `make release` built: crius, its shim, the systemd unit, and a default
+# config and CNI network where none exists (scripts/install.sh). PROFILE=debug installs
+# what `make build shim` built; INSTALL_CNI=0 writes no network.
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= /etc
 CNI_CONF_DIR ?= $(SYSCONFDIR)/cni/net.d
 PROFILE ?= release
+INSTALL_CNI ?= 1
 
 install:
-ifeq ($(PROFILE),release)
-	$(MAKE) release
-endif
-	DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" BINDIR="$(BINDIR)" UNITDIR="$(UNITDIR)" \
+	INSTALL_CNI="$(INSTALL_CNI)" DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" BINDIR="$(BINDIR)" UNITDIR="$(UNITDIR)" \
 	SYSCONFDIR="$(SYSCONFDIR)" CNI_CONF_DIR="$(CNI_CONF_DIR)" PROFILE="$(PROFILE)" \
 	scripts/install.sh
 

@@ -6,7 +6,8 @@
 # Variables (the Makefile passes them): DESTDIR (a staging root), PREFIX (/usr/local),
 # BINDIR ($PREFIX/bin), UNITDIR ($PREFIX/lib/systemd/system), SYSCONFDIR (/etc),
 # CNI_CONF_DIR ($SYSCONFDIR/cni/net.d), PROFILE (release, or debug for what `make build`
-# built).
+# built), INSTALL_CNI (0: no default network). It installs what was built: `make release`
+# first (as the user who builds, not root).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,11 +22,22 @@ TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
 log() { printf '[install] %s\n' "$*" >&2; }
 
+# The paths go into the unit through sed and into systemd's syntax: keep them plain.
+for path in "$BINDIR" "$SYSCONFDIR" "$UNITDIR" "$CNI_CONF_DIR"; do
+  case $path in
+  /*) ;;
+  *) log "install paths must be absolute: $path"; exit 1 ;;
+  esac
+  case $path in
+  *[\|\&\ \'\"\$]* | *$'\n'*) log "install paths may not hold |, &, quotes, \$ or spaces: $path"; exit 1 ;;
+  esac
+done
+
 BIN=$TARGET_DIR/$PROFILE/crius
 SHIM=$TARGET_DIR/crius-shim/containerd-shim-crius-v2
 for built in "$BIN" "$SHIM"; do
   if [ ! -x "$built" ]; then
-    log "$built is missing: build it first (make release, or make build shim for PROFILE=debug)"
+    log "$built is missing: build it first (make release; make build shim for PROFILE=debug)"
     exit 1
   fi
 done
@@ -53,14 +65,19 @@ else
 fi
 
 # The network kubelet's pods get when the node has none configured yet (crius reads the
-# same files as containerd: *.conf, *.conflist, *.json).
+# same files as containerd: *.conf, *.conflist, *.json). Named to sort last: crius loads the
+# first network in name order, so a cluster network written later (10-flannel, 05-cilium,
+# ...) takes over from it. INSTALL_CNI=0 skips it.
 conf_dir=$DESTDIR$CNI_CONF_DIR
-if compgen -G "$conf_dir/*.conf" >/dev/null || compgen -G "$conf_dir/*.conflist" >/dev/null ||
+if [ "${INSTALL_CNI:-1}" = 0 ]; then
+  log "not writing a default CNI network (INSTALL_CNI=0)"
+elif compgen -G "$conf_dir/*.conf" >/dev/null || compgen -G "$conf_dir/*.conflist" >/dev/null ||
   compgen -G "$conf_dir/*.json" >/dev/null; then
   log "kept the CNI network(s) in $conf_dir"
 else
-  install -D -m 0644 "$ROOT/contrib/10-crius-bridge.conflist" "$conf_dir/10-crius-bridge.conflist"
-  log "wrote the default bridge network to $conf_dir/10-crius-bridge.conflist"
+  install -D -m 0644 "$ROOT/contrib/10-crius-bridge.conflist" "$conf_dir/99-crius-bridge.conflist"
+  log "wrote a node-local bridge network (10.88.0.0/16) to $conf_dir/99-crius-bridge.conflist;" \
+    "a cluster's CNI plugin writing its own network there replaces it"
 fi
 
 if [ -z "$DESTDIR" ]; then

@@ -101,3 +101,22 @@ fn an_invalid_config_is_a_failed_check() {
     assert!(text.starts_with("FAIL config: "), "{text}");
     assert!(text.contains("metrics.address"), "{text}");
 }
+
+#[tokio::test]
+async fn the_ports_of_a_running_crius_pass() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let crius = Crius::start_with(|c| c.stream.port = port, &[]).await;
+    let config = crius.config.clone();
+    let (_, text) = tokio::task::spawn_blocking(move || check(&config))
+        .await
+        .unwrap();
+    assert!(
+        text.contains(&format!(
+            "ok   stream server: 127.0.0.1:{port} is in use, as it should be: crius is running"
+        )),
+        "{text}"
+    );
+}

@@ -62,7 +62,8 @@ fn install_stages_the_binaries_unit_config_and_network_under_destdir() {
         "{}",
         String::from_utf8_lossy(&checked.stderr)
     );
-    let network = std::fs::read_to_string(stage.join("etc/cni/net.d/10-crius-bridge.conflist"))
+    // Last in name order: a cluster network written later is the one crius loads.
+    let network = std::fs::read_to_string(stage.join("etc/cni/net.d/99-crius-bridge.conflist"))
         .expect("the default network");
     assert!(network.contains("\"type\": \"bridge\""), "{network}");
 }
@@ -83,7 +84,7 @@ fn reinstall_keeps_the_operators_config_and_network() {
     assert!(log.contains("kept the existing"), "{log}");
     assert_eq!(std::fs::read_to_string(&config).unwrap(), own);
     assert!(
-        !conf_dir.join("10-crius-bridge.conflist").exists(),
+        !conf_dir.join("99-crius-bridge.conflist").exists(),
         "a default network was added beside the cluster's"
     );
     assert!(stage.join("usr/local/bin/crius").exists());
@@ -117,4 +118,56 @@ fn the_installed_unit_passes_systemd_analyze_verify() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn install_refuses_paths_that_would_break_the_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("make")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "--no-print-directory",
+            "install",
+            "PROFILE=debug",
+            "PREFIX=/opt/a|b",
+        ])
+        .arg(format!("DESTDIR={}", dir.path().display()))
+        .output()
+        .expect("run make");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("install paths may not hold"), "{stderr}");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "something was installed"
+    );
+}
+
+#[test]
+fn install_cni_0_writes_no_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = make_install(&[("DESTDIR", dir.path())]);
+    assert!(
+        dir.path()
+            .join("etc/cni/net.d/99-crius-bridge.conflist")
+            .exists(),
+        "{log}"
+    );
+    let other = tempfile::tempdir().unwrap();
+    let mut make = Command::new("make");
+    make.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "--no-print-directory",
+            "install",
+            "PROFILE=debug",
+            "INSTALL_CNI=0",
+        ])
+        .arg(format!("DESTDIR={}", other.path().display()));
+    let out = make.output().expect("run make");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!other.path().join("etc/cni/net.d").exists());
 }

@@ -28,6 +28,11 @@ pub fn overlayfs(config: &Config) -> Finding {
     }
     if has_filesystem(&read("/proc/filesystems"), "overlay") {
         Finding::pass("overlayfs", "the kernel has it")
+    } else if overlay_module_installed() {
+        Finding::pass(
+            "overlayfs",
+            "the overlay module is installed (the kernel loads it at the first mount)",
+        )
     } else {
         Finding::fail(
             "overlayfs",
@@ -35,6 +40,21 @@ pub fn overlayfs(config: &Config) -> Finding {
             "modprobe overlay (and add it to /etc/modules-load.d), or use another snapshotter",
         )
     }
+}
+
+/// `overlay.ko` (compressed or not) among the running kernel's modules.
+fn overlay_module_installed() -> bool {
+    let release = read("/proc/sys/kernel/osrelease");
+    let release = release.trim();
+    if release.is_empty() || release.contains('/') {
+        return false;
+    }
+    let dir = Path::new("/lib/modules")
+        .join(release)
+        .join("kernel/fs/overlayfs");
+    std::fs::read_dir(dir).is_ok_and(|mut entries| {
+        entries.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("overlay.ko")))
+    })
 }
 
 fn has_filesystem(filesystems: &str, name: &str) -> bool {
@@ -111,12 +131,14 @@ fn oom_finding(can_lower: bool, own: i32, restrict: RestrictOomScoreAdj) -> Find
         (true, _) => Finding::pass("OOM scores", "crius may lower them (CAP_SYS_RESOURCE)"),
         (false, RestrictOomScoreAdj::Auto) => Finding::warn(
             "OOM scores",
-            format!("no CAP_SYS_RESOURCE: pods' adjustments will be clamped to {own}"),
+            format!(
+                "no CAP_SYS_RESOURCE where this check runs: crius run the same way clamps pods' adjustments to {own}"
+            ),
             "run crius as root with its capabilities (the systemd unit does)",
         ),
         (false, RestrictOomScoreAdj::Never) => Finding::fail(
             "OOM scores",
-            "no CAP_SYS_RESOURCE and restrict_oom_score_adj = false: pods asking for a lower score fail",
+            "no CAP_SYS_RESOURCE where this check runs, and restrict_oom_score_adj = false: pods asking for a lower score would fail",
             "run crius with CAP_SYS_RESOURCE, or set restrict_oom_score_adj = \"auto\"",
         ),
     }
@@ -228,8 +250,9 @@ pub fn cni(config: &Config) -> Vec<Finding> {
     findings
 }
 
-/// The stream server's port is free (or chosen at start-up).
-pub async fn stream_port(config: &Config) -> Finding {
+/// The stream server's port is free (or chosen at start-up, or held by the crius that
+/// answers on the configured socket).
+pub async fn stream_port(config: &Config, crius_running: bool) -> Finding {
     let stream = &config.stream;
     if stream.port == 0 {
         return Finding::pass(
@@ -242,16 +265,21 @@ pub async fn stream_port(config: &Config) -> Finding {
     } else {
         format!("{}:{}", stream.address, stream.port)
     };
-    listen_address("stream server", &address).await
+    listen_address("stream server", &address, crius_running).await
 }
 
-/// `address` can be listened on: bound, then released at once.
-pub async fn listen_address(name: &str, address: &str) -> Finding {
+/// `address` can be listened on: bound, then released at once. When crius is running, the
+/// port being taken is expected.
+pub async fn listen_address(name: &str, address: &str, crius_running: bool) -> Finding {
     match tokio::net::TcpListener::bind(address).await {
         Ok(listener) => {
             drop(listener);
             Finding::pass(name, format!("{address} is free"))
         }
+        Err(e) if crius_running && e.kind() == std::io::ErrorKind::AddrInUse => Finding::pass(
+            name,
+            format!("{address} is in use, as it should be: crius is running"),
+        ),
         Err(e) => Finding::fail(
             name,
             format!("cannot listen on {address}: {e}"),

@@ -121,13 +121,25 @@ pub async fn run(config: &Config) -> Report {
     report.findings.push(host::security_modules());
     report.findings.extend(host::cni(config));
     report.findings.push(runtimes::criu().await);
-    report.findings.push(host::stream_port(config).await);
+    let running = crius_running(config).await;
+    report
+        .findings
+        .push(host::stream_port(config, running).await);
     if !config.metrics.address.is_empty() {
         report
             .findings
-            .push(host::listen_address("metrics listener", &config.metrics.address).await);
+            .push(host::listen_address("metrics listener", &config.metrics.address, running).await);
     }
     report
+}
+
+/// Whether a crius answers on the configured CRI socket (its ports are then taken).
+async fn crius_running(config: &Config) -> bool {
+    let connect = tokio::net::UnixStream::connect(&config.grpc.address);
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, connect).await,
+        Ok(Ok(_))
+    )
 }
 
 /// containerd reachable, its version, and the configured snapshotter served.

@@ -132,22 +132,31 @@ pub async fn criu() -> Finding {
     }
 }
 
-/// The standard output of `binary args`, if it succeeds within the probe timeout.
+/// The standard output of `binary args`, if it succeeds within the probe timeout and says
+/// no more than [`MAX_PROBE_OUTPUT`].
 async fn probe(binary: &Path, args: &[&str]) -> Option<String> {
-    let child = tokio::process::Command::new(binary)
+    use tokio::io::AsyncReadExt;
+    let mut child = tokio::process::Command::new(binary)
         .args(args)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(PROBE_TIMEOUT, child)
-        .await
-        .ok()?
+        .spawn()
         .ok()?;
-    if !out.status.success() || out.stdout.len() > MAX_PROBE_OUTPUT {
-        return None;
-    }
-    String::from_utf8(out.stdout).ok()
+    let stdout = child.stdout.take()?;
+    let run = async {
+        let mut out = Vec::new();
+        stdout
+            .take(MAX_PROBE_OUTPUT as u64 + 1)
+            .read_to_end(&mut out)
+            .await
+            .ok()?;
+        let status = child.wait().await.ok()?;
+        (status.success() && out.len() <= MAX_PROBE_OUTPUT).then_some(out)
+    };
+    let out = tokio::time::timeout(PROBE_TIMEOUT, run).await.ok()??;
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -203,14 +203,21 @@ impl Metrics {
         }
     }
 
-    /// Counts one CRI call in flight until the guard drops.
-    pub fn rpc_started(&'static self, rpc: &'static str) -> InFlight {
-        let gauge = self.rpcs_in_flight.get_or_create_owned(&RpcName { rpc });
-        gauge.inc();
-        InFlight(gauge)
+    /// Counts one CRI call in flight until [`RpcCall::finish`] records its code and latency;
+    /// a call dropped before that (its client went away) is recorded as `Canceled`.
+    pub fn rpc_started(&'static self, rpc: &'static str) -> RpcCall {
+        let in_flight = self.rpcs_in_flight.get_or_create_owned(&RpcName { rpc });
+        in_flight.inc();
+        RpcCall {
+            metrics: self,
+            rpc,
+            started: Instant::now(),
+            in_flight,
+            finished: false,
+        }
     }
 
-    pub fn rpc_finished(&self, rpc: &'static str, code: tonic::Code, took: Duration) {
+    fn rpc_finished(&self, rpc: &'static str, code: tonic::Code, took: Duration) {
         self.rpc_duration
             .get_or_create(&RpcLabels {
                 rpc,
@@ -274,6 +281,34 @@ impl Metrics {
         let mut text = String::with_capacity(8 * 1024);
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+}
+
+/// One CRI call being served.
+pub struct RpcCall {
+    metrics: &'static Metrics,
+    rpc: &'static str,
+    started: Instant,
+    in_flight: Gauge,
+    finished: bool,
+}
+
+impl RpcCall {
+    /// Records how the call ended.
+    pub fn finish(mut self, code: tonic::Code) {
+        self.finished = true;
+        self.metrics
+            .rpc_finished(self.rpc, code, self.started.elapsed());
+    }
+}
+
+impl Drop for RpcCall {
+    fn drop(&mut self) {
+        self.in_flight.dec();
+        if !self.finished {
+            self.metrics
+                .rpc_finished(self.rpc, tonic::Code::Cancelled, self.started.elapsed());
+        }
     }
 }
 
@@ -424,21 +459,29 @@ mod tests {
     #[test]
     fn calls_and_their_codes_are_counted_by_method() {
         let metrics = Box::leak(Box::new(Metrics::new()));
-        {
-            let _in_flight = metrics.rpc_started("Version");
-            let text = metrics.encode().unwrap();
-            assert!(
-                text.contains("crius_rpcs_in_flight{rpc=\"Version\"} 1"),
-                "{text}"
-            );
-        }
-        metrics.rpc_finished("Version", tonic::Code::Ok, Duration::from_micros(150));
-        metrics.rpc_finished(
-            "ContainerStatus",
-            tonic::Code::NotFound,
-            Duration::from_millis(2),
-        );
+        let call = metrics.rpc_started("Version");
         let text = metrics.encode().unwrap();
+        assert!(
+            text.contains("crius_rpcs_in_flight{rpc=\"Version\"} 1"),
+            "{text}"
+        );
+        call.finish(tonic::Code::Ok);
+        metrics
+            .rpc_started("ContainerStatus")
+            .finish(tonic::Code::NotFound);
+        // A client that went away before the answer.
+        drop(metrics.rpc_started("ListContainers"));
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains(
+                "crius_rpc_duration_seconds_count{rpc=\"ListContainers\",code=\"Canceled\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("crius_rpcs_in_flight{rpc=\"ListContainers\"} 0"),
+            "{text}"
+        );
         assert!(
             text.contains("crius_rpcs_in_flight{rpc=\"Version\"} 0"),
             "{text}"

@@ -20,9 +20,10 @@ use tokio_util::sync::CancellationToken;
 /// Scrapers served at once; more connections are closed at once.
 const MAX_CONNECTIONS: usize = 16;
 /// How long a client may take to send its request head.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long one connection may stay open.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one connection may stay open. One request per connection: a client cannot
+/// hold a slot and ask again and again.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -87,6 +88,7 @@ async fn serve_connection(tcp: tokio::net::TcpStream, peer: SocketAddr) {
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
+        .keep_alive(false)
         .serve_connection(TokioIo::new(tcp), service_fn(answer));
     match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
         Ok(Ok(())) => {}

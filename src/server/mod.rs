@@ -124,6 +124,15 @@ impl CriService {
             .add_listener(ttrpc::r#async::transport::Listener::from(ttrpc_listener))
             .register_service(rpc::ttrpc_services(server));
 
+        // Scrapes are answered during recovery too (its duration is one of the metrics).
+        if let Some(metrics_server) = metrics_server {
+            let cancel = self.shutdown.clone();
+            tasks.spawn(async move {
+                metrics_server.serve(cancel).await;
+                ("metrics listener", Ok(()))
+            });
+        }
+
         let mut stop = std::pin::pin!(stop);
         let outcome = match ttrpc.start().await {
             Err(e) => Err(ServiceError::Ttrpc(e.to_string())),
@@ -132,7 +141,7 @@ impl CriService {
                     tracing::info!("stop requested during start-up");
                     Ok(())
                 }
-                started = self.start(&mut tasks, stream_server, metrics_server) => match started {
+                started = self.start(&mut tasks, stream_server) => match started {
                     Err(e) => Err(e),
                     Ok(()) => {
                         tracing::info!(
@@ -220,7 +229,6 @@ impl CriService {
         &self,
         tasks: &mut JoinSet<TaskEnd>,
         stream_server: crate::streaming::StreamServer,
-        metrics_server: Option<crate::metrics::MetricsServer>,
     ) -> Result<(), ServiceError> {
         crate::failpoint::hit("startup").await?;
         notify_service_manager(&[sd_notify::NotifyState::Status("recovering state")]);
@@ -259,14 +267,6 @@ impl CriService {
             stream_server.serve(cancel).await;
             ("stream server", Ok(()))
         });
-
-        if let Some(metrics_server) = metrics_server {
-            let cancel = self.shutdown.clone();
-            tasks.spawn(async move {
-                metrics_server.serve(cancel).await;
-                ("metrics listener", Ok(()))
-            });
-        }
 
         let service = self.clone();
         tasks.spawn(async move {

@@ -74,11 +74,13 @@ impl CriServer {
     ) -> Result<T, Status> {
         if !self.service.is_initialized() {
             tracing::debug!(rpc, id = %ids, "rejected: server is not initialized yet");
-            crate::metrics::metrics().rpc_finished(rpc, Code::Unavailable, Default::default());
+            crate::metrics::metrics()
+                .rpc_started(rpc)
+                .finish(Code::Unavailable);
             return Err(Status::unavailable("server is not initialized yet"));
         }
         let start = Instant::now();
-        let _in_flight = crate::metrics::metrics().rpc_started(rpc);
+        let call_metrics = crate::metrics::metrics().rpc_started(rpc);
         let deadline = deadline.or_else(deadline::current);
         // On the heap: handler futures are large, and the deadline's wrappers would put a
         // second copy of one on the worker thread's stack.
@@ -106,8 +108,7 @@ impl CriServer {
         .map_err(|status| with_bounded_message(self.unavailable_while_containerd_is_away(status)));
         let took = start.elapsed();
         let latency_us = took.as_micros() as u64;
-        let code = result.as_ref().err().map_or(Code::Ok, Status::code);
-        crate::metrics::metrics().rpc_finished(rpc, code, took);
+        call_metrics.finish(result.as_ref().err().map_or(Code::Ok, Status::code));
         match &result {
             Ok(_) if is_read_only(rpc) => {
                 tracing::debug!(rpc, id = %ids, latency_us, code = "OK");
