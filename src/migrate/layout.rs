@@ -24,6 +24,10 @@ const V2_CRI: &str = "io.containerd.grpc.v1.cri";
 const V3_RUNTIME: &str = "io.containerd.cri.v1.runtime";
 const V3_IMAGES: &str = "io.containerd.cri.v1.images";
 
+const NO_CRI_SETTINGS: &str = "no CRI settings in the file: containerd ran its CRI with the \
+                               defaults, and crius keeps its own, but for the runc handler, \
+                               which stays on containerd's runc shim (io.containerd.runc.v2)";
+
 /// Reads the whole document into `ctx`; returns the config version.
 pub(super) fn migrate_document(
     doc: &Table,
@@ -52,14 +56,11 @@ pub(super) fn migrate_document(
                 Layout::V1 | Layout::V2 => one_plugin(plugins, layout, ctx),
                 Layout::V3 => split_plugins(plugins, ctx),
             }
-            runtimes::finish(ctx);
             snapshotter_root(plugins, layout, ctx);
         }
-        None => ctx.report.note(
-            "plugins",
-            "no CRI plugin settings in the file: containerd ran with its defaults, crius keeps its own",
-        ),
+        None => ctx.report.note("plugins", NO_CRI_SETTINGS),
     }
+    runtimes::finish(ctx);
     Ok(version)
 }
 
@@ -134,10 +135,7 @@ fn one_plugin(plugins: &Table, layout: Layout, ctx: &mut Ctx) {
         }
     }
     let Some(mut sec) = plugin(plugins, name, ctx) else {
-        ctx.report.note(
-            join_key("plugins", name),
-            "not in the file: containerd ran its CRI with the defaults, crius keeps its own",
-        );
+        ctx.report.note(join_key("plugins", name), NO_CRI_SETTINGS);
         return;
     };
     settings::runtime_settings(&mut sec, layout, ctx);

@@ -1,13 +1,13 @@
 //! The CRI plugin's `registry` table: `config_path`, credentials, and the deprecated
 //! `mirrors` and `configs.<host>.tls`, which become hosts.toml files.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::Ctx;
-use super::hosts::{self, HostPlan, Tls};
+use super::hosts::{self, Endpoint, HostPlan, Tls};
 use super::layout::Layout;
 use super::section::{Rule, Section, is_empty};
-use crate::config::RegistryAuth;
+use crate::config::{RegistryAuth, RegistryHostConfig};
 
 const REGISTRY_RULES: &[Rule] = &[Rule {
     key: "headers",
@@ -36,11 +36,11 @@ pub(super) fn registry_section(sec: &mut Section<'_>, layout: Layout, ctx: &mut 
     if !config_path.is_empty() {
         set_config_path(&config_path, &sec.key("config_path"), ctx);
     }
-    let tls = configs(sec, layout, ctx);
-    auths(sec, ctx);
+    let configs = configs(sec, layout, ctx);
+    auths(sec, &configs.auth_keys, ctx);
     let mirrors = mirrors(sec, ctx);
     sec.unsupported(REGISTRY_RULES, &mut ctx.report);
-    legacy_hosts(&config_path, mirrors, tls, ctx);
+    legacy_hosts(&config_path, mirrors, configs.tls, ctx);
 }
 
 fn set_config_path(config_path: &str, key: &str, ctx: &mut Ctx) {
@@ -59,11 +59,20 @@ fn set_config_path(config_path: &str, key: &str, ctx: &mut Ctx) {
     }
 }
 
+/// What `configs.<host>` held besides the credentials carried over.
+#[derive(Default)]
+struct Configs {
+    /// The TLS settings by host.
+    tls: BTreeMap<String, Tls>,
+    /// The key of each host's carried credentials (an `auths` entry may replace them).
+    auth_keys: BTreeMap<String, String>,
+}
+
 /// `configs.<host>`: the credentials go into crius's config; the TLS settings are returned.
-fn configs(sec: &mut Section<'_>, layout: Layout, ctx: &mut Ctx) -> BTreeMap<String, Tls> {
-    let mut tls_by_host = BTreeMap::new();
+fn configs(sec: &mut Section<'_>, layout: Layout, ctx: &mut Ctx) -> Configs {
+    let mut found = Configs::default();
     let Some(mut configs) = sec.table("configs", &mut ctx.report) else {
-        return tls_by_host;
+        return found;
     };
     for host in configs.unread_keys() {
         let Some(mut entry) = configs.table(&host, &mut ctx.report) else {
@@ -73,6 +82,9 @@ fn configs(sec: &mut Section<'_>, layout: Layout, ctx: &mut Ctx) -> BTreeMap<Str
             if let Some(credentials) = registry_auth(&mut auth, ctx) {
                 let host_config = ctx.config.registry.configs.entry(host.clone()).or_default();
                 host_config.auth = Some(credentials);
+                found
+                    .auth_keys
+                    .insert(host.clone(), auth.path().to_string());
             }
             auth.finish(&mut ctx.report);
         }
@@ -85,14 +97,14 @@ fn configs(sec: &mut Section<'_>, layout: Layout, ctx: &mut Ctx) -> BTreeMap<Str
                 );
                 tls.take_all();
             } else if let Some(settings) = tls_settings(&mut tls, ctx) {
-                tls_by_host.insert(host.clone(), settings);
+                found.tls.insert(host.clone(), settings);
             }
             tls.finish(&mut ctx.report);
         }
         entry.finish(&mut ctx.report);
     }
     configs.finish(&mut ctx.report);
-    tls_by_host
+    found
 }
 
 /// Credentials with containerd's key names (crius uses the same); `None` when all empty.
@@ -147,39 +159,127 @@ fn tls_settings(sec: &mut Section<'_>, ctx: &mut Ctx) -> Option<Tls> {
 }
 
 /// The deprecated `auths."<url>"`: carried over as `[registry.configs."<host>".auth]`.
-fn auths(sec: &mut Section<'_>, ctx: &mut Ctx) {
+/// containerd let an entry replace the `configs.<host>.auth` of the same host.
+fn auths(sec: &mut Section<'_>, config_auths: &BTreeMap<String, String>, ctx: &mut Ctx) {
     let Some(mut auths) = sec.table("auths", &mut ctx.report) else {
         return;
     };
+    let mut taken: BTreeMap<String, String> = BTreeMap::new();
     for url in auths.unread_keys() {
         let Some(mut entry) = auths.table(&url, &mut ctx.report) else {
             continue;
         };
-        let host = url_host(&url).to_string();
-        if let Some(credentials) = registry_auth(&mut entry, ctx) {
-            let host_config = ctx.config.registry.configs.entry(host.clone()).or_default();
-            if host_config.auth.is_some() {
-                ctx.report.not_carried(
-                    entry.path(),
-                    format!("configs.{host:?}.auth is set too, and wins"),
-                );
-            } else {
-                host_config.auth = Some(credentials);
-                ctx.report.note(
-                    entry.path(),
-                    format!("deprecated: carried over as [registry.configs.{host:?}.auth]"),
-                );
-            }
-        }
+        let credentials = registry_auth(&mut entry, ctx);
+        let key = entry.path().to_string();
         entry.finish(&mut ctx.report);
+        let host = match auth_host(&url) {
+            Ok(host) => host,
+            Err(reason) => {
+                ctx.report.not_carried(key, reason);
+                continue;
+            }
+        };
+        if let Some(other) = taken.get(&host) {
+            ctx.report.not_carried(
+                key,
+                format!(
+                    "{other} names the same host {host:?}, and containerd kept whichever of \
+                     the two its map order gave last: only that one is carried over"
+                ),
+            );
+            continue;
+        }
+        taken.insert(host.clone(), key.clone());
+        replace_auth(&host, credentials, &key, config_auths, ctx);
     }
     auths.finish(&mut ctx.report);
 }
 
-/// `https://host[:port]/path` → `host[:port]`.
-fn url_host(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    rest.split('/').next().unwrap_or(rest)
+/// Sets (or, for an empty entry, clears) the credentials of `host` from the `auths` entry
+/// `key`, reporting the `configs.<host>.auth` it replaces.
+fn replace_auth(
+    host: &str,
+    credentials: Option<RegistryAuth>,
+    key: &str,
+    config_auths: &BTreeMap<String, String>,
+    ctx: &mut Ctx,
+) {
+    if let Some(replaced) = config_auths.get(host) {
+        let empty = if credentials.is_none() {
+            " (it is empty, so containerd pulled from there without credentials)"
+        } else {
+            ""
+        };
+        ctx.report.not_carried(
+            replaced,
+            format!("replaced by {key}{empty}: containerd let the deprecated auths entry win"),
+        );
+    }
+    let configs = &mut ctx.config.registry.configs;
+    match credentials {
+        Some(credentials) => {
+            configs.entry(host.to_string()).or_default().auth = Some(credentials);
+            ctx.report.note(
+                key,
+                format!("deprecated: carried over as [registry.configs.{host:?}.auth]"),
+            );
+        }
+        None => {
+            if let Some(config) = configs.get_mut(host) {
+                config.auth = None;
+                if *config == RegistryHostConfig::default() {
+                    configs.remove(host);
+                }
+            }
+        }
+    }
+}
+
+/// The key containerd filed an `auths` entry's credentials under, read as Go's url.Parse
+/// does: the host of a URL with a scheme, else the text as it is. `Err` says why the
+/// credentials never reached a registry (or why containerd refused the file).
+fn auth_host(url: &str) -> Result<String, String> {
+    if let Some((scheme, rest)) = go_url_scheme(url) {
+        let authority = rest
+            .strip_prefix("//")
+            .map(|r| r.split(['/', '?', '#']).next().unwrap_or(r))
+            .unwrap_or_default();
+        let host = authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, host)| host);
+        if host.is_empty() {
+            return Err(format!(
+                "containerd read {url:?} as a URL with the scheme {scheme:?} and no host, so \
+                 it never used these credentials; name the registry as \"https://{url}\" if \
+                 they are meant for it"
+            ));
+        }
+        return Ok(host.to_string());
+    }
+    let first_segment = url.split('/').next().unwrap_or(url);
+    if first_segment.contains(':') {
+        return Err(format!(
+            "containerd refused to start with this key: without a scheme, a colon may not \
+             come before the first slash; name the registry as \"https://{url}\""
+        ));
+    }
+    if !hosts::valid_dir_name(url) {
+        return Err(format!(
+            "without a scheme containerd filed these credentials under {url:?} as it is, \
+             which is no registry host, so it never used them"
+        ));
+    }
+    Ok(url.to_string())
+}
+
+/// The scheme Go's url.Parse finds in `url` (a letter, then letters, digits, `+`, `-` or
+/// `.`, before the first colon) and what follows the colon.
+fn go_url_scheme(url: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = url.split_once(':')?;
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    valid.then_some((scheme, rest))
 }
 
 fn mirrors(sec: &mut Section<'_>, ctx: &mut Ctx) -> Vec<Mirror> {
@@ -195,13 +295,12 @@ fn mirrors(sec: &mut Section<'_>, ctx: &mut Ctx) -> Vec<Mirror> {
             .strings("endpoint", &mut ctx.report)
             .unwrap_or_default();
         entry.unsupported(MIRROR_RULES, &mut ctx.report);
-        if !endpoints.is_empty() {
-            found.push(Mirror {
-                key: entry.path().to_string(),
-                registry: registry.clone(),
-                endpoints,
-            });
-        }
+        // An entry without endpoints still keeps "*" away from its registry.
+        found.push(Mirror {
+            key: entry.path().to_string(),
+            registry: registry.clone(),
+            endpoints,
+        });
         entry.finish(&mut ctx.report);
     }
     mirrors.finish(&mut ctx.report);
@@ -217,6 +316,7 @@ fn legacy_hosts(
 ) {
     let keys: Vec<String> = mirrors
         .iter()
+        .filter(|m| !m.endpoints.is_empty())
         .map(|m| m.key.clone())
         .chain(tls.values().map(|t| t.key.clone()))
         .collect();
@@ -245,7 +345,7 @@ fn legacy_hosts(
         }
         return;
     }
-    let plans = plan_hosts(mirrors, tls, ctx);
+    let plans = plan_hosts(mirrors, &tls, ctx);
     let files = hosts::files(&plans, &mut ctx.report);
     if let (false, Some(dir)) = (
         files.is_empty(),
@@ -256,47 +356,116 @@ fn legacy_hosts(
     }
 }
 
-/// One hosts.toml per registry with mirrors and per host with TLS settings.
-fn plan_hosts(mirrors: Vec<Mirror>, tls: BTreeMap<String, Tls>, ctx: &mut Ctx) -> Vec<HostPlan> {
-    let mut plans: BTreeMap<String, HostPlan> = BTreeMap::new();
+/// One hosts.toml per registry with mirrors, per registry reached on a host with TLS
+/// settings, and `_default` for `mirrors."*"`, each listing the endpoints containerd tried.
+fn plan_hosts(mirrors: Vec<Mirror>, tls: &BTreeMap<String, Tls>, ctx: &mut Ctx) -> Vec<HostPlan> {
+    let mut own: BTreeMap<String, Vec<Endpoint>> = BTreeMap::new();
+    let mut catch_all: Option<Vec<Endpoint>> = None;
     for mirror in mirrors {
-        let dir = if mirror.registry == "*" {
-            "_default"
+        let endpoints = parse_endpoints(&mirror, ctx);
+        if mirror.registry == "*" {
+            catch_all = Some(endpoints);
+        } else if hosts::valid_dir_name(&mirror.registry) {
+            note_order(&mirror, &endpoints, ctx);
+            own.insert(mirror.registry, endpoints);
         } else {
-            mirror.registry.as_str()
-        };
-        if !hosts::valid_dir_name(dir) {
             ctx.report.not_carried(
                 mirror.key,
                 "not a host name a hosts directory can be named after",
             );
-            continue;
-        }
-        let plan = plans
-            .entry(dir.to_string())
-            .or_insert_with(|| HostPlan::new(dir));
-        for endpoint in &mirror.endpoints {
-            if let Err(reason) = plan.add_mirror(endpoint) {
-                ctx.report
-                    .not_carried(format!("{}.endpoint", mirror.key), reason);
-            }
         }
     }
-    for (host, settings) in &tls {
-        if hosts::valid_dir_name(host) {
-            plans
-                .entry(host.clone())
-                .or_insert_with(|| HostPlan::new(host));
-        } else {
+    let with_tls = tls_registries(tls, ctx);
+    let mut plans: BTreeMap<String, HostPlan> = BTreeMap::new();
+    if let Some(endpoints) = &catch_all {
+        plans.insert("_default".into(), HostPlan::catch_all(endpoints));
+    }
+    for (registry, endpoints) in &own {
+        // Without endpoints the file only keeps "*" away, or carries TLS settings.
+        if !endpoints.is_empty() || catch_all.is_some() || with_tls.contains(registry) {
+            plans.insert(registry.clone(), HostPlan::registry(registry, endpoints));
+        }
+    }
+    // A registry without a mirrors entry of its own: containerd gave it the "*" endpoints,
+    // which its own directory must list again, as it hides _default.
+    let inherited = catch_all.as_deref().unwrap_or_default();
+    for registry in with_tls {
+        if !own.contains_key(&registry) {
+            let plan = HostPlan::registry(&registry, inherited);
+            plans.insert(registry, plan);
+        }
+    }
+    let mut used = BTreeSet::new();
+    let mut plans: Vec<HostPlan> = plans.into_values().collect();
+    for plan in &mut plans {
+        plan.attach_tls(tls, &mut used);
+    }
+    for (host, settings) in tls {
+        if hosts::valid_dir_name(host) && !used.contains(host) {
+            ctx.report.not_carried(
+                settings.key.clone(),
+                format!(
+                    "containerd applied it only to endpoints on the host {host:?}, and no \
+                     registry was reached there (Docker Hub's endpoint is registry-1.docker.io)"
+                ),
+            );
+        }
+    }
+    plans
+}
+
+/// A mirror's endpoints; one that cannot be carried over is reported and left out.
+fn parse_endpoints(mirror: &Mirror, ctx: &mut Ctx) -> Vec<Endpoint> {
+    let mut endpoints = Vec::new();
+    for endpoint in &mirror.endpoints {
+        match hosts::parse_endpoint(endpoint) {
+            Ok(parsed) => endpoints.push(parsed),
+            Err(reason) => ctx
+                .report
+                .not_carried(format!("{}.endpoint", mirror.key), reason),
+        }
+    }
+    endpoints
+}
+
+/// containerd added no default endpoint when one named the registry itself; when other
+/// endpoints follow it, the last of them (not the registry) becomes the hosts.toml server.
+fn note_order(mirror: &Mirror, endpoints: &[Endpoint], ctx: &mut Ctx) {
+    let Some(own) = endpoints.iter().position(|e| e.host() == mirror.registry) else {
+        return;
+    };
+    if let Some(last) = endpoints.get(own + 1..).and_then(<[Endpoint]>::last) {
+        ctx.report.note(
+            format!("{}.endpoint", mirror.key),
+            format!(
+                "containerd tried these endpoints in order and no other: hosts.toml tries \
+                 its server last, so the server is {} and {} is a [host] entry in its place",
+                last.url(),
+                endpoints[own].url()
+            ),
+        );
+    }
+}
+
+/// The registries whose endpoints include a host with TLS settings by default: the host
+/// itself, and Docker Hub (docker.io) for registry-1.docker.io.
+fn tls_registries(tls: &BTreeMap<String, Tls>, ctx: &mut Ctx) -> BTreeSet<String> {
+    let mut registries = BTreeSet::new();
+    for (host, settings) in tls {
+        if !hosts::valid_dir_name(host) {
             ctx.report.not_carried(
                 settings.key.clone(),
                 "not a host name a hosts directory can be named after",
             );
+            continue;
+        }
+        // docker.io's default endpoint is registry-1.docker.io, not docker.io.
+        if host != "docker.io" {
+            registries.insert(host.clone());
+        }
+        if host == "registry-1.docker.io" {
+            registries.insert("docker.io".to_string());
         }
     }
-    let mut plans: Vec<HostPlan> = plans.into_values().collect();
-    for plan in &mut plans {
-        plan.attach_tls(&tls);
-    }
-    plans
+    registries
 }

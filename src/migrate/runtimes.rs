@@ -5,6 +5,8 @@
 //! containerd, and passes runc options to the runc types. A handler is left out (and said
 //! so) when carrying it would silently change what runs: the removed runtime v1 shim, a
 //! `runtime_path` naming the shim binary, or options for a shim that is not runc's.
+//! containerd's built-in handler, `runc` on its Go runc shim, stands in wherever the file
+//! has none (crius's own default `runc` runs on crius's shim instead).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -313,52 +315,46 @@ fn runc_options(sec: &mut Section<'_>, options: &mut RuncOptions, ctx: &mut Ctx)
 }
 
 /// Settles the handlers once the whole file is read: the carried ones replace crius's
-/// defaults, and the default handler is one of them.
+/// defaults, and the default handler is one of them. containerd's built-in handler is
+/// `runc` on its Go runc shim, so that is what stands in for a handler the file lacks.
 pub(super) fn finish(ctx: &mut Ctx) {
     let mut runtimes = std::mem::take(&mut ctx.runtimes);
     let (wanted, key) = runtimes
         .default
         .take()
-        .unwrap_or_else(|| ("runc".to_string(), String::new()));
-    if runtimes.carried.is_empty() && runtimes.dropped.is_empty() {
-        // No handler in the file: containerd's own runc handler, which crius has too.
-        if !key.is_empty() && wanted != "runc" {
-            ctx.report.not_carried(
-                key,
-                format!("no handler {wanted:?} is defined; the default handler stays \"runc\""),
-            );
-        }
-        return;
-    }
+        .unwrap_or_else(|| ("runc".to_string(), "default_runtime_name".to_string()));
     // containerd keeps its built-in "runc" handler unless the file redefines it.
     if !runtimes.dropped.contains("runc") && !runtimes.carried.contains_key("runc") {
-        runtimes.carried.insert(
-            "runc".to_string(),
-            RuntimeConfig {
-                runtime_type: RUNC_SHIM.to_string(),
-                ..RuntimeConfig::default()
-            },
-        );
+        runtimes
+            .carried
+            .insert("runc".to_string(), containerd_runc());
     }
     let default = if runtimes.carried.contains_key(&wanted) {
         wanted
     } else {
-        let fallback = "runc".to_string();
-        // crius's own default handler when the file's "runc" could not come along either.
-        runtimes.carried.entry(fallback.clone()).or_default();
-        ctx.report.not_carried(
-            if key.is_empty() {
-                "default_runtime_name".to_string()
-            } else {
-                key
-            },
+        // Also when the file's own "runc" could not come along.
+        runtimes
+            .carried
+            .entry("runc".to_string())
+            .or_insert_with(containerd_runc);
+        let reason = if runtimes.dropped.contains(&wanted) {
             format!(
-                "the handler {wanted:?} was not carried over; the default handler is now \
-                 \"runc\""
-            ),
-        );
-        fallback
+                "the handler {wanted:?} was not carried over; the default handler is now \"runc\""
+            )
+        } else {
+            format!("no handler {wanted:?} is defined; the default handler stays \"runc\"")
+        };
+        ctx.report.not_carried(key, reason);
+        "runc".to_string()
     };
     ctx.config.containerd.runtimes = runtimes.carried;
     ctx.config.containerd.default_runtime = default;
+}
+
+/// containerd's built-in handler: runc on containerd's Go runc shim.
+fn containerd_runc() -> RuntimeConfig {
+    RuntimeConfig {
+        runtime_type: RUNC_SHIM.to_string(),
+        ..RuntimeConfig::default()
+    }
 }

@@ -209,21 +209,22 @@ fn oom_score_adj(sec: &mut Section<'_>, ctx: &mut Ctx) {
 
 fn cdi(sec: &mut Section<'_>, ctx: &mut Ctx) {
     let enabled = sec.bool("enable_cdi", &mut ctx.report);
-    let dirs = sec.strings("cdi_spec_dirs", &mut ctx.report);
-    if enabled == Some(false) {
-        ctx.config.cdi.spec_dirs = Vec::new();
-        ctx.report.note(
-            sec.key("enable_cdi"),
-            "CDI off: cdi.spec_dirs is empty, so crius refuses pods that ask for CDI devices \
-             (containerd ignored the request)",
-        );
-        return;
-    }
-    if let Some(dirs) = dirs {
+    if let Some(dirs) = sec.strings("cdi_spec_dirs", &mut ctx.report) {
         let key = sec.key("cdi_spec_dirs");
         if let Some(dirs) = absolute_paths(&dirs, &key, ctx) {
             ctx.config.cdi.spec_dirs = dirs;
         }
+    }
+    if enabled == Some(false) {
+        // Emptying cdi.spec_dirs would not match containerd either: crius would then
+        // refuse the pods whose CDI requests containerd ignored (GPU pods, for one).
+        ctx.report.not_carried(
+            sec.key("enable_cdi"),
+            "crius has no switch to ignore CDI device requests (false was containerd 1.7's \
+             default): it injects the devices a pod asks for from the specs in \
+             cdi.spec_dirs, where containerd ignored the request; cdi.spec_dirs = [] would \
+             make crius refuse such pods instead",
+        );
     }
 }
 

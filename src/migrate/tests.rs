@@ -283,9 +283,17 @@ fn v2_deprecated_mirrors_become_hosts_files_crius_reads() {
     );
     assert_eq!(k8s[1].base, "https://registry.k8s.io");
 
+    // A directory made for TLS settings alone still lists the "*" mirror first.
     let internal = crate::image::hosts::endpoints(config_path, "registry.internal:5000").unwrap();
-    assert_eq!(internal.len(), 1);
-    assert!(internal[0].skip_verify);
+    let bases: Vec<&str> = internal.iter().map(|e| e.base.as_str()).collect();
+    assert_eq!(
+        bases,
+        [
+            "https://catchall.example.com",
+            "https://registry.internal:5000"
+        ]
+    );
+    assert!(!internal[0].skip_verify && internal[1].skip_verify);
 
     // The "*" mirror serves every other registry, then the registry itself.
     let quay = crate::image::hosts::endpoints(config_path, "quay.io").unwrap();
@@ -358,8 +366,9 @@ fn v3_split_plugins() {
     assert_eq!(c.stats_collect_period, Duration::from_secs(20));
     assert_eq!(c.max_container_log_line_size, 32768);
     assert_eq!(c.restrict_oom_score_adj, RestrictOomScoreAdj::Auto);
-    assert!(c.cdi.spec_dirs.is_empty());
-    assert!(reason(&m, &format!("{V3_RUNTIME}.enable_cdi")).contains("refuses"));
+    // enable_cdi = false is reported, not turned into a crius that refuses CDI pods.
+    assert_eq!(c.cdi, crate::config::Config::default().cdi);
+    assert!(not_carried(&m, &format!("{V3_RUNTIME}.enable_cdi")).contains("refuse"));
     assert_eq!(
         c.cni.bin_dirs,
         vec![
@@ -516,10 +525,7 @@ fn a_default_handler_the_file_never_defines_is_reported() {
         None,
     );
     assert_eq!(m.config.containerd.default_runtime, "runc");
-    assert_eq!(
-        m.config.containerd.runtimes,
-        crate::config::Config::default().containerd.runtimes
-    );
+    assert_eq!(m.config.containerd.runtimes, containerd_runc_only());
     let why = not_carried(&m, &format!("{V2}.containerd.default_runtime_name"));
     assert!(why.contains("\"crun\""), "{why}");
 }
@@ -610,6 +616,316 @@ fn run_prints_the_config_and_reports_on_stderr() {
     let e = run(&source, Some(&hosts_dir), &mut out, &mut err).unwrap_err();
     assert!(matches!(e, MigrateError::HostsFileExists { .. }), "{e}");
     assert!(out.is_empty());
+}
+
+/// containerd's built-in handlers: runc on containerd's Go runc shim.
+fn containerd_runc_only() -> std::collections::BTreeMap<String, crate::config::RuntimeConfig> {
+    let runc = crate::config::RuntimeConfig {
+        runtime_type: RUNC_SHIM.to_string(),
+        ..crate::config::RuntimeConfig::default()
+    };
+    std::collections::BTreeMap::from([("runc".to_string(), runc)])
+}
+
+#[test]
+fn without_handlers_runc_stays_on_containerds_runc_shim() {
+    for text in [
+        "version = 2\n",
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\nsandbox_image = \"example.com/pause:1\"\n",
+        "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".cni]\nmax_conf_num = 2\n",
+    ] {
+        let m = migrated(text, None);
+        assert_eq!(
+            m.config.containerd.runtimes,
+            containerd_runc_only(),
+            "{text}"
+        );
+        assert_eq!(m.config.containerd.default_runtime, "runc");
+        let printed = m.to_toml().unwrap();
+        assert!(
+            printed.contains("runtime_type = \"io.containerd.runc.v2\""),
+            "{printed}"
+        );
+    }
+    // The runc stand-in for a "runc" the file defines but that cannot come along.
+    let m = migrated(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+runtime_type = "io.containerd.runc.v2"
+runtime_path = "/opt/bin/containerd-shim-runc-v2"
+"#,
+        None,
+    );
+    assert_eq!(m.config.containerd.runtimes, containerd_runc_only());
+    assert!(not_carried(&m, "default_runtime_name").contains("not carried over"));
+}
+
+#[test]
+fn cdi_off_keeps_crius_spec_dirs_and_is_reported() {
+    // containerd 1.7's default: CDI requests were ignored, not refused.
+    let m = migrated(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+enable_cdi = false
+cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+"#,
+        None,
+    );
+    assert_eq!(m.config.cdi, crate::config::Config::default().cdi);
+    let why = not_carried(&m, &format!("{V2}.enable_cdi"));
+    assert!(why.contains("ignored") && why.contains("refuse"), "{why}");
+}
+
+#[test]
+fn auths_entries_replace_configs_auth_of_the_same_host() {
+    let m = migrated(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".registry.configs."reg.example.com".auth]
+username = "old"
+password = "a"
+[plugins."io.containerd.grpc.v1.cri".registry.configs."other.example.com".auth]
+username = "kept"
+password = "b"
+[plugins."io.containerd.grpc.v1.cri".registry.configs."wiped.example.com".auth]
+username = "gone"
+password = "c"
+[plugins."io.containerd.grpc.v1.cri".registry.auths."https://reg.example.com/v1/"]
+username = "new"
+password = "d"
+[plugins."io.containerd.grpc.v1.cri".registry.auths."https://wiped.example.com"]
+"#,
+        None,
+    );
+    let configs = &m.config.registry.configs;
+    let user = |host: &str| configs[host].auth.as_ref().map(|a| a.username.clone());
+    assert_eq!(user("reg.example.com").as_deref(), Some("new"));
+    assert_eq!(user("other.example.com").as_deref(), Some("kept"));
+    // An empty auths entry left containerd without credentials for the host.
+    assert!(!configs.contains_key("wiped.example.com"));
+    let replaced = not_carried(
+        &m,
+        &format!("{V2}.registry.configs.\"reg.example.com\".auth"),
+    );
+    assert!(replaced.contains("auths"), "{replaced}");
+    let wiped = not_carried(
+        &m,
+        &format!("{V2}.registry.configs.\"wiped.example.com\".auth"),
+    );
+    assert!(wiped.contains("without credentials"), "{wiped}");
+    assert!(
+        m.report
+            .find(&format!("{V2}.registry.configs.\"other.example.com\".auth"))
+            .is_none()
+    );
+}
+
+#[test]
+fn auths_keys_without_a_scheme_are_read_as_containerd_did() {
+    let m = migrated(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".registry.auths."plain.example.com"]
+username = "p"
+[plugins."io.containerd.grpc.v1.cri".registry.auths."localhost:5000"]
+username = "x"
+[plugins."io.containerd.grpc.v1.cri".registry.auths."10.0.0.4:5000"]
+username = "y"
+[plugins."io.containerd.grpc.v1.cri".registry.auths."reg.example.com/v2"]
+username = "z"
+"#,
+        None,
+    );
+    let configs = &m.config.registry.configs;
+    let hosts: Vec<&str> = configs.keys().map(String::as_str).collect();
+    assert_eq!(hosts, ["plain.example.com"]);
+    let auths = format!("{V2}.registry.auths");
+    // Go reads "localhost" as the scheme: no host, so the credentials were never used.
+    let why = not_carried(&m, &format!("{auths}.\"localhost:5000\""));
+    assert!(
+        why.contains("never used") && why.contains("https://localhost:5000"),
+        "{why}"
+    );
+    let why = not_carried(&m, &format!("{auths}.\"10.0.0.4:5000\""));
+    assert!(why.contains("refused to start"), "{why}");
+    let why = not_carried(&m, &format!("{auths}.\"reg.example.com/v2\""));
+    assert!(why.contains("never used"), "{why}");
+}
+
+/// Migrates `text` with a hosts directory, writes the hosts files, and returns the
+/// migration and the directory (kept alive with it).
+fn migrated_with_hosts(text: &str) -> (Migration, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts_dir = dir.path().join("certs.d");
+    let m = migrated(text, Some(&hosts_dir));
+    write_hosts_files(&hosts_dir, &m.hosts_files).unwrap();
+    (m, dir)
+}
+
+fn bases(m: &Migration, registry: &str) -> Vec<String> {
+    crate::image::hosts::endpoints(&m.config.registry.config_path, registry)
+        .unwrap()
+        .into_iter()
+        .map(|e| format!("{}{}", e.base, e.path_prefix))
+        .collect()
+}
+
+#[test]
+fn catch_all_mirror_reaches_every_registry_without_its_own_mirrors() {
+    let (m, _dir) = migrated_with_hosts(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."*"]
+endpoint = ["https://cache.example.com"]
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."quay.io"]
+endpoint = []
+[plugins."io.containerd.grpc.v1.cri".registry.configs."reg.example.com".tls]
+insecure_skip_verify = true
+"#,
+    );
+    // Its own directory (for the TLS settings) hides _default: it lists "*" again.
+    assert_eq!(
+        bases(&m, "reg.example.com"),
+        ["https://cache.example.com/v2", "https://reg.example.com/v2"]
+    );
+    assert_eq!(
+        bases(&m, "ghcr.io"),
+        ["https://cache.example.com/v2", "https://ghcr.io/v2"]
+    );
+    // A mirrors entry of its own, even an empty one, keeps "*" away.
+    assert_eq!(bases(&m, "quay.io"), ["https://quay.io/v2"]);
+}
+
+#[test]
+fn tls_settings_follow_each_endpoint_host() {
+    let (m, _dir) = migrated_with_hosts(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".registry.configs."docker.io".tls]
+ca_file = "/etc/certs/hub-ca.pem"
+[plugins."io.containerd.grpc.v1.cri".registry.configs."registry-1.docker.io".tls]
+insecure_skip_verify = true
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."quay.io"]
+endpoint = ["https://mirror.example.com"]
+[plugins."io.containerd.grpc.v1.cri".registry.configs."quay.io".tls]
+ca_file = "/etc/certs/quay-ca.pem"
+cert_file = "/etc/certs/quay.pem"
+"#,
+    );
+    let config_path = &m.config.registry.config_path;
+    // docker.io is pulled from registry-1.docker.io: that host's settings apply.
+    let hub = crate::image::hosts::endpoints(config_path, "docker.io").unwrap();
+    assert_eq!(hub.len(), 1);
+    assert_eq!(hub[0].base, "https://registry-1.docker.io");
+    assert!(hub[0].skip_verify && hub[0].ca.is_empty());
+    let quay = crate::image::hosts::endpoints(config_path, "quay.io").unwrap();
+    assert_eq!(quay[0].base, "https://mirror.example.com");
+    assert!(quay[0].ca.is_empty() && quay[0].client.is_empty());
+    assert_eq!(quay[1].base, "https://quay.io");
+    assert_eq!(quay[1].ca, vec![PathBuf::from("/etc/certs/quay-ca.pem")]);
+    assert_eq!(
+        quay[1].client,
+        vec![(PathBuf::from("/etc/certs/quay.pem"), None)]
+    );
+    // No endpoint is on docker.io itself: containerd never used these settings.
+    let why = not_carried(&m, &format!("{V2}.registry.configs.\"docker.io\".tls"));
+    assert!(why.contains("registry-1.docker.io"), "{why}");
+
+    // A mirrors entry without endpoints still reaches the registry itself.
+    let (m, _dir) = migrated_with_hosts(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."reg.example.com"]
+endpoint = []
+[plugins."io.containerd.grpc.v1.cri".registry.configs."reg.example.com".tls]
+insecure_skip_verify = true
+"#,
+    );
+    let reg =
+        crate::image::hosts::endpoints(&m.config.registry.config_path, "reg.example.com").unwrap();
+    assert_eq!(reg.len(), 1);
+    assert!(reg[0].skip_verify);
+    assert!(m.report.not_carried_keys().is_empty(), "{:?}", m.report);
+}
+
+#[test]
+fn an_endpoint_on_the_registry_itself_ends_the_list() {
+    let (m, _dir) = migrated_with_hosts(
+        r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."10.0.0.4:5000"]
+endpoint = ["http://10.0.0.4:5000"]
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."reg.example.com"]
+endpoint = ["https://m1.example.com", "reg.example.com", "https://m2.example.com/base"]
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
+endpoint = ["https://registry-1.docker.io", "https://mirror.example.com"]
+"#,
+    );
+    // No https upstream of its own: containerd did not add one.
+    assert_eq!(bases(&m, "10.0.0.4:5000"), ["http://10.0.0.4:5000/v2"]);
+    // containerd's order, and nothing after the last endpoint.
+    assert_eq!(
+        bases(&m, "reg.example.com"),
+        [
+            "https://m1.example.com/v2",
+            "https://reg.example.com/v2",
+            "https://m2.example.com/base"
+        ]
+    );
+    let why = reason(
+        &m,
+        &format!("{V2}.registry.mirrors.\"reg.example.com\".endpoint"),
+    );
+    assert!(why.contains("https://m2.example.com/base"), "{why}");
+    // registry-1.docker.io is not docker.io: containerd added it again at the end.
+    assert_eq!(
+        bases(&m, "docker.io"),
+        [
+            "https://registry-1.docker.io/v2",
+            "https://mirror.example.com/v2",
+            "https://registry-1.docker.io/v2"
+        ]
+    );
+}
+
+#[test]
+fn a_failed_write_removes_what_it_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts_dir = dir.path().join("certs.d");
+    let m = migrated(V2_CUSTOM, Some(&hosts_dir));
+    assert_eq!(
+        m.hosts_files.last().map(|f| f.host.as_str()),
+        Some("registry.k8s.io")
+    );
+    // The operator's own directory (without a hosts.toml), and a file in the way of the
+    // last host directory: the write fails after the others are written.
+    std::fs::create_dir_all(hosts_dir.join("docker.io")).unwrap();
+    std::fs::write(hosts_dir.join("docker.io/ca.pem"), "ca").unwrap();
+    std::fs::write(hosts_dir.join("registry.k8s.io"), "in the way").unwrap();
+    let err = write_hosts_files(&hosts_dir, &m.hosts_files).unwrap_err();
+    assert!(err.to_string().contains("registry.k8s.io"), "{err}");
+    let mut left: Vec<String> = std::fs::read_dir(&hosts_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["docker.io", "registry.k8s.io"]);
+    assert!(!hosts_dir.join("docker.io/hosts.toml").exists());
+    assert!(hosts_dir.join("docker.io/ca.pem").is_file());
+
+    // Once the obstacle is gone, a retry writes everything.
+    std::fs::remove_file(hosts_dir.join("registry.k8s.io")).unwrap();
+    let written = write_hosts_files(&hosts_dir, &m.hosts_files).unwrap();
+    assert_eq!(written.len(), m.hosts_files.len());
+
+    // The directories a failed call created, parents included, go too.
+    let fresh = dir.path().join("new/certs.d");
+    let twice = [m.hosts_files[0].clone(), m.hosts_files[0].clone()];
+    let err = write_hosts_files(&fresh, &twice).unwrap_err();
+    assert!(matches!(err, MigrateError::HostsFileExists { .. }), "{err}");
+    assert!(!dir.path().join("new").exists());
 }
 
 mod fuzz {
