@@ -219,14 +219,22 @@ async fn pod_stats_count_network_traffic_processes_and_containers() {
         "ping {ip}: {}",
         String::from_utf8_lossy(&ping.stdout)
     );
-    let after = pod_stats(pod.client.clone(), pod.id.clone()).await;
-    let rx_after = after
-        .linux
-        .and_then(|l| l.network)
-        .and_then(|n| n.default_interface)
-        .and_then(|i| i.rx_bytes)
-        .map(|v| v.value)
-        .unwrap_or(0);
+    // Samples are reused for up to a second: the traffic shows within a couple.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let rx_after = loop {
+        let rx = pod_stats(pod.client.clone(), pod.id.clone())
+            .await
+            .linux
+            .and_then(|l| l.network)
+            .and_then(|n| n.default_interface)
+            .and_then(|i| i.rx_bytes)
+            .map(|v| v.value)
+            .unwrap_or(0);
+        if rx > rx_before || std::time::Instant::now() > deadline {
+            break rx;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     assert!(rx_after > rx_before, "rx {rx_before} -> {rx_after}");
 }
 

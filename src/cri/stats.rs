@@ -8,6 +8,7 @@
 //! pause container are added up. Network counters come from the pause process's netns.
 
 use std::collections::HashSet;
+use std::hash::Hash;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -20,7 +21,6 @@ use crate::api::v1::{
     NetworkUsage, PodSandboxAttributes, PodSandboxStats, PodSandboxStatsRequest,
     PodSandboxStatsResponse, ProcessUsage, PsiData, PsiStats, SwapUsage, UInt64Value,
 };
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
@@ -29,7 +29,7 @@ use super::unix_nanos;
 use crate::server::CriService;
 use crate::stats::cgroup::{Pressure, PressureLine, parent_of};
 use crate::stats::netdev::{InterfaceCounters, read_interfaces};
-use crate::stats::{CgroupLayout, CgroupUsage, LayerUsage, MemoryUsage};
+use crate::stats::{CgroupUsage, LayerUsage, MemoryUsage, NetworkSample, Samples};
 use crate::store::{Container, ContainerState, Sandbox, SandboxState};
 
 /// The interface kubelet treats as the pod's own.
@@ -146,25 +146,22 @@ impl CriService {
                     && labels_match(&metadata.config.labels, &filter.label_selector)
             })
             .collect();
-        // Every pod's network counters in one blocking call; their cgroups mostly from
-        // recent samples, a few pods at a time.
+        // Every pod's network counters in one blocking call, and every cgroup in one
+        // batch: mostly recent samples, the rest read a few threads at a time.
         let pids: Vec<u32> = pods.iter().map(|pod| pod.status().pid).collect();
-        let interfaces = tokio::task::spawn_blocking(move || {
-            pids.into_iter().map(pod_interfaces).collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
-        let samples = pods
-            .into_iter()
-            .zip(interfaces)
-            .map(|(sandbox, interfaces)| {
-                let service = self.clone();
-                async move { service.sample_pod_with(&sandbox, interfaces).await }
-            });
-        let stats = futures::stream::iter(samples)
-            .buffered(PARALLEL_READS)
-            .collect()
-            .await;
+        let reads: Vec<PodReads> = pods.iter().map(|pod| self.pod_reads(pod)).collect();
+        let paths = reads.iter().flat_map(PodReads::paths).collect();
+        let (networks, usages) = tokio::join!(self.read_networks(pids), self.read_cgroups(paths));
+        let mut usages = usages.into_iter();
+        let stats = pods
+            .iter()
+            .zip(reads)
+            .zip(networks)
+            .map(|((sandbox, reads), network)| {
+                let pod_usages = usages.by_ref().take(reads.path_count()).collect();
+                self.pod_stats(sandbox, reads, pod_usages, network)
+            })
+            .collect();
         Ok(ListPodSandboxStatsResponse { stats })
     }
 
@@ -191,14 +188,15 @@ impl CriService {
         &self,
         containers: Vec<Arc<Container>>,
     ) -> Vec<ContainerSample> {
-        let paths: Vec<Option<String>> = containers
-            .iter()
-            .map(|c| {
-                (c.status().state == ContainerState::Running && !c.metadata.cgroups_path.is_empty())
-                    .then(|| c.metadata.cgroups_path.clone())
-            })
-            .collect();
-        let usages = self.read_cgroups(paths).await;
+        let usages = self.read_cgroups(container_paths(&containers)).await;
+        self.container_samples(&containers, usages)
+    }
+
+    fn container_samples(
+        &self,
+        containers: &[Arc<Container>],
+        usages: Vec<Option<CgroupUsage>>,
+    ) -> Vec<ContainerSample> {
         let now = unix_nanos(SystemTime::now());
         containers
             .iter()
@@ -217,25 +215,30 @@ impl CriService {
         let Some(layout) = self.cgroups.clone() else {
             return paths.iter().map(|_| None).collect();
         };
-        let mut cached = self.cgroup_samples.lookup(&paths);
-        if !cached.stale.is_empty() && self.cgroup_samples.start_refresh() {
-            let (service, layout) = (self.clone(), layout.clone());
-            let stale = std::mem::take(&mut cached.stale);
-            tokio::spawn(async move {
-                read_and_store(&service, &layout, stale).await;
-                service.cgroup_samples.end_refresh();
-            });
-        }
-        let missing: Vec<String> = cached
-            .missing
-            .iter()
-            .filter_map(|i| paths[*i].clone())
+        read_through(&self.cgroup_samples, paths, move |path: &String| {
+            CgroupUsage {
+                sampled_at_ns: unix_nanos(SystemTime::now()),
+                ..layout.read(path)
+            }
+        })
+        .await
+    }
+
+    /// The network counters of the pods whose pause processes are `pids` (0: none), in
+    /// order, sampled like cgroups.
+    async fn read_networks(&self, pids: Vec<u32>) -> Vec<NetworkSample> {
+        let keys = pids
+            .into_iter()
+            .map(|pid| (pid != 0).then_some(pid))
             .collect();
-        let read = read_and_store(self, &layout, missing).await;
-        for (i, usage) in cached.missing.into_iter().zip(read) {
-            cached.usages[i] = Some(usage);
-        }
-        cached.usages
+        read_through(&self.network_samples, keys, |pid: &u32| NetworkSample {
+            at_ns: unix_nanos(SystemTime::now()),
+            interfaces: read_interfaces(*pid).unwrap_or_default(),
+        })
+        .await
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect()
     }
 
     fn container_stats_from(
@@ -298,50 +301,75 @@ impl CriService {
     /// A ready pod's totals, network and containers.
     pub(crate) async fn sample_pod(&self, sandbox: &Arc<Sandbox>) -> PodSandboxStats {
         let pid = sandbox.status().pid;
-        let interfaces = tokio::task::spawn_blocking(move || pod_interfaces(pid))
+        let network = self
+            .read_networks(vec![pid])
             .await
+            .pop()
             .unwrap_or_default();
-        self.sample_pod_with(sandbox, interfaces).await
+        self.sample_pod_with(sandbox, network).await
     }
 
     /// A ready pod's totals and containers, with its network counters read already.
     async fn sample_pod_with(
         &self,
         sandbox: &Arc<Sandbox>,
-        interfaces: Vec<InterfaceCounters>,
+        network: NetworkSample,
     ) -> PodSandboxStats {
+        let reads = self.pod_reads(sandbox);
+        let usages = self.read_cgroups(reads.paths().collect()).await;
+        self.pod_stats(sandbox, reads, usages, network)
+    }
+
+    /// The cgroups a pod's stats come from.
+    fn pod_reads(&self, sandbox: &Arc<Sandbox>) -> PodReads {
         let metadata = sandbox.metadata();
-        let containers = self
-            .sample_containers(self.containers.in_sandbox(&metadata.id))
-            .await;
+        let containers = self.containers.in_sandbox(&metadata.id);
         let has_parent = metadata
             .config
             .linux
             .as_ref()
             .is_some_and(|l| !l.cgroup_parent.is_empty());
-        let pod_usage = if metadata.cgroups_path.is_empty() {
+        let totals = if metadata.cgroups_path.is_empty() {
             None
         } else if has_parent {
             // The pod's own cgroup, absolute from the hierarchy's root: a spec path of its
             // own, so it is sampled like the others.
             let pod_cgroup: PathBuf = parent_of(&metadata.cgroups_path);
-            self.read_cgroups(vec![Some(pod_cgroup.to_string_lossy().into_owned())])
-                .await
-                .pop()
-                .flatten()
+            Some(Totals::PodCgroup(pod_cgroup.to_string_lossy().into_owned()))
         } else {
             // No pod cgroup: the pause container plus every running container.
-            let pause = self
-                .read_cgroups(vec![Some(metadata.cgroups_path.clone())])
-                .await
-                .pop()
-                .flatten();
-            pause.map(|pause| {
+            Some(Totals::PausePlusContainers(metadata.cgroups_path.clone()))
+        };
+        PodReads {
+            container_paths: container_paths(&containers),
+            containers,
+            totals,
+        }
+    }
+
+    /// A pod's stats from the usage of its [`PodReads::paths`], in that order.
+    fn pod_stats(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        reads: PodReads,
+        mut usages: Vec<Option<CgroupUsage>>,
+        network: NetworkSample,
+    ) -> PodSandboxStats {
+        let metadata = sandbox.metadata();
+        let totals_usage = match reads.totals {
+            Some(_) => usages.pop().flatten(),
+            None => None,
+        };
+        let containers = self.container_samples(&reads.containers, usages);
+        let pod_usage = match reads.totals {
+            Some(Totals::PodCgroup(_)) => totals_usage,
+            Some(Totals::PausePlusContainers(_)) => totals_usage.map(|pause| {
                 containers
                     .iter()
                     .filter_map(|c| c.usage.as_ref())
                     .fold(pause, |total, usage| add_usage(&total, usage))
-            })
+            }),
+            None => None,
         };
         let now = unix_nanos(SystemTime::now());
         // The pod's totals are as old as the samples they were added up from.
@@ -364,7 +392,8 @@ impl CriService {
                 memory: pod_usage
                     .as_ref()
                     .and_then(|u| cgroup_memory_usage(u, usage_at)),
-                network: (!interfaces.is_empty()).then(|| network_usage(&interfaces, now)),
+                network: (!network.interfaces.is_empty())
+                    .then(|| network_usage(&network.interfaces, network.at_ns)),
                 process: pod_usage
                     .as_ref()
                     .and_then(|u| u.pids)
@@ -493,56 +522,111 @@ fn network_usage(interfaces: &[InterfaceCounters], now: i64) -> NetworkUsage {
     }
 }
 
-/// Two cgroups' usage added up (for pods without a cgroup of their own).
-/// The network counters of the pod whose pause process is `pid` (none without one).
-/// Blocking: call it off the async threads.
-fn pod_interfaces(pid: u32) -> Vec<InterfaceCounters> {
-    if pid == 0 {
-        return Vec::new();
-    }
-    read_interfaces(pid).unwrap_or_default()
+/// Where a pod's totals come from.
+enum Totals {
+    /// The pod's own cgroup (kubelet gives every pod one).
+    PodCgroup(String),
+    /// The pause container's cgroup, with the containers' usage added.
+    PausePlusContainers(String),
 }
 
-/// Reads `paths` in up to [`PARALLEL_READS`] blocking batches at once and keeps the samples.
-async fn read_and_store(
-    service: &CriService,
-    layout: &CgroupLayout,
-    paths: Vec<String>,
-) -> Vec<CgroupUsage> {
-    if paths.is_empty() {
+/// The cgroups one pod's stats are read from.
+struct PodReads {
+    containers: Vec<Arc<Container>>,
+    container_paths: Vec<Option<String>>,
+    totals: Option<Totals>,
+}
+
+impl PodReads {
+    /// The containers' cgroups, then the totals' one.
+    fn paths(&self) -> impl Iterator<Item = Option<String>> + '_ {
+        let totals = self.totals.as_ref().map(|t| match t {
+            Totals::PodCgroup(path) | Totals::PausePlusContainers(path) => Some(path.clone()),
+        });
+        self.container_paths.iter().cloned().chain(totals)
+    }
+
+    fn path_count(&self) -> usize {
+        self.container_paths.len() + usize::from(self.totals.is_some())
+    }
+}
+
+/// Running containers' cgroups (`None`: nothing to read).
+fn container_paths(containers: &[Arc<Container>]) -> Vec<Option<String>> {
+    containers
+        .iter()
+        .map(|c| {
+            (c.status().state == ContainerState::Running && !c.metadata.cgroups_path.is_empty())
+                .then(|| c.metadata.cgroups_path.clone())
+        })
+        .collect()
+}
+
+/// The samples of `keys` (`None`: nothing to read) from `cache` while usable, the others
+/// read with `read` now; usable ones past fresh are read again in the background, one
+/// refresh at a time.
+async fn read_through<K, V, F>(
+    cache: &Arc<Samples<K, V>>,
+    keys: Vec<Option<K>>,
+    read: F,
+) -> Vec<Option<V>>
+where
+    K: Eq + Hash + Clone + Send + Sync + 'static,
+    V: Clone + Default + Send + 'static,
+    F: Fn(&K) -> V + Clone + Send + Sync + 'static,
+{
+    let mut cached = cache.lookup(&keys);
+    if !cached.stale.is_empty() && cache.start_refresh() {
+        let (cache, read) = (cache.clone(), read.clone());
+        let stale = std::mem::take(&mut cached.stale);
+        tokio::spawn(async move {
+            read_and_store(&cache, stale, read).await;
+            cache.end_refresh();
+        });
+    }
+    let missing: Vec<K> = cached
+        .missing
+        .iter()
+        .filter_map(|i| keys[*i].clone())
+        .collect();
+    let read = read_and_store(cache, missing, read).await;
+    for (i, value) in cached.missing.into_iter().zip(read) {
+        cached.usages[i] = Some(value);
+    }
+    cached.usages
+}
+
+/// Reads `keys` in up to [`PARALLEL_READS`] blocking batches at once and keeps the samples.
+async fn read_and_store<K, V, F>(cache: &Samples<K, V>, keys: Vec<K>, read: F) -> Vec<V>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    V: Clone + Default + Send + 'static,
+    F: Fn(&K) -> V + Clone + Send + 'static,
+{
+    if keys.is_empty() {
         return Vec::new();
     }
     let taken = Instant::now();
-    let at_ns = unix_nanos(SystemTime::now());
-    let batch = paths.len().div_ceil(PARALLEL_READS).max(MIN_READ_BATCH);
-    let reads = paths.chunks(batch).map(|chunk| {
-        let (layout, chunk) = (layout.clone(), chunk.to_vec());
+    let batch = keys.len().div_ceil(PARALLEL_READS).max(MIN_READ_BATCH);
+    let reads = keys.chunks(batch).map(|chunk| {
+        let (read, chunk) = (read.clone(), chunk.to_vec());
         let count = chunk.len();
         async move {
-            tokio::task::spawn_blocking(move || {
-                chunk
-                    .iter()
-                    .map(|p| CgroupUsage {
-                        sampled_at_ns: at_ns,
-                        ..layout.read(p)
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_else(|_| vec![CgroupUsage::default(); count])
+            tokio::task::spawn_blocking(move || chunk.iter().map(&read).collect::<Vec<_>>())
+                .await
+                .unwrap_or_else(|_| vec![V::default(); count])
         }
     });
-    let usages: Vec<CgroupUsage> = futures::future::join_all(reads)
+    let values: Vec<V> = futures::future::join_all(reads)
         .await
         .into_iter()
         .flatten()
         .collect();
-    service
-        .cgroup_samples
-        .store(taken, paths.into_iter().zip(usages.iter().cloned()));
-    usages
+    cache.store(taken, keys.into_iter().zip(values.iter().cloned()));
+    values
 }
 
+/// Two cgroups' usage added up (for pods without a cgroup of their own).
 fn add_usage(a: &CgroupUsage, b: &CgroupUsage) -> CgroupUsage {
     let sum = |x: Option<u64>, y: Option<u64>| match (x, y) {
         (None, None) => None,

@@ -70,7 +70,9 @@ pub struct ServiceState {
     /// The previous CPU sample of each container and pod, for CPU rates.
     pub cpu_rates: crate::stats::CpuRates,
     /// Cgroup usage as last read, reused for a second.
-    pub cgroup_samples: crate::stats::CgroupSamples,
+    pub cgroup_samples: Arc<crate::stats::CgroupSamples>,
+    /// Pods' network counters as last read, reused for a second.
+    pub network_samples: Arc<crate::stats::NetworkSamples>,
     /// Writable-layer usage, measured every stats collect period.
     pub layer_usages: crate::stats::LayerUsages,
     /// What each runtime handler's OCI runtime can do, probed at start-up.
@@ -212,6 +214,7 @@ impl CriService {
             cgroups,
             cpu_rates: Default::default(),
             cgroup_samples: Default::default(),
+            network_samples: Default::default(),
             layer_usages: Default::default(),
             handler_features,
             host_idmap,

@@ -6,6 +6,7 @@ pub mod cgroup;
 pub mod netdev;
 
 use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -60,41 +61,62 @@ const SAMPLE_USABLE: Duration = Duration::from_secs(1);
 /// Samples not asked for this long are dropped.
 const SAMPLE_KEPT: Duration = Duration::from_secs(60);
 
-/// Cgroup usage as last read, by cgroup path. Reading hundreds of cgroups costs tens of
-/// milliseconds of kernel time, and kubelet, its summary API and metrics agents ask for the
-/// same ones in quick succession (ListPodSandboxStats, then ListContainerStats): within a
-/// second, a sample is reused (each carries when it was read).
-#[derive(Default)]
-pub struct CgroupSamples {
-    samples: Mutex<HashMap<String, (Instant, CgroupUsage)>>,
+/// Usage samples as last read, by what was read (a cgroup path, a pod's network namespace).
+/// Reading hundreds of cgroups costs tens of milliseconds of kernel time, and kubelet, its
+/// summary API and metrics agents ask for the same ones in quick succession
+/// (ListPodSandboxStats, then ListContainerStats): within a second, a sample is reused
+/// (each carries when it was read).
+pub struct Samples<K, V> {
+    samples: Mutex<HashMap<K, (Instant, V)>>,
     refreshing: AtomicBool,
 }
 
-/// What the cache holds for a list of cgroups.
-pub struct CachedSamples {
-    /// Per path: its usage, when a usable sample is held.
-    pub usages: Vec<Option<CgroupUsage>>,
-    /// Indices of paths with no usable sample: to be read now.
-    pub missing: Vec<usize>,
-    /// Paths whose sample is usable but no longer fresh: to be read again.
-    pub stale: Vec<String>,
+/// Cgroup usage by cgroup path.
+pub type CgroupSamples = Samples<String, CgroupUsage>;
+/// A pod's network counters by the PID of a process in its network namespace.
+pub type NetworkSamples = Samples<u32, NetworkSample>;
+
+/// A network namespace's interfaces and when (Unix ns) they were read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkSample {
+    pub at_ns: i64,
+    pub interfaces: Vec<netdev::InterfaceCounters>,
 }
 
-impl CgroupSamples {
-    /// Looks up `paths` (`None`: no cgroup to read).
-    pub fn lookup(&self, paths: &[Option<String>]) -> CachedSamples {
+impl<K, V> Default for Samples<K, V> {
+    fn default() -> Self {
+        Samples {
+            samples: Mutex::new(HashMap::new()),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+}
+
+/// What the cache holds for a list of keys.
+pub struct CachedSamples<K, V> {
+    /// Per key: its sample, when a usable one is held.
+    pub usages: Vec<Option<V>>,
+    /// Indices of keys with no usable sample: to be read now.
+    pub missing: Vec<usize>,
+    /// Keys whose sample is usable but no longer fresh: to be read again.
+    pub stale: Vec<K>,
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> Samples<K, V> {
+    /// Looks up `keys` (`None`: nothing to read).
+    pub fn lookup(&self, keys: &[Option<K>]) -> CachedSamples<K, V> {
         let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         let mut cached = CachedSamples {
-            usages: vec![None; paths.len()],
+            usages: vec![None; keys.len()],
             missing: Vec::new(),
             stale: Vec::new(),
         };
-        for (i, path) in paths.iter().enumerate() {
-            let Some(path) = path else { continue };
-            match samples.get(path) {
+        for (i, key) in keys.iter().enumerate() {
+            let Some(key) = key else { continue };
+            match samples.get(key) {
                 Some((taken, usage)) if taken.elapsed() < SAMPLE_USABLE => {
                     if taken.elapsed() >= SAMPLE_FRESH {
-                        cached.stale.push(path.clone());
+                        cached.stale.push(key.clone());
                     }
                     cached.usages[i] = Some(usage.clone());
                 }
@@ -105,11 +127,11 @@ impl CgroupSamples {
     }
 
     /// Keeps freshly read samples (read at `taken`), dropping long unused ones.
-    pub fn store(&self, taken: Instant, read: impl IntoIterator<Item = (String, CgroupUsage)>) {
+    pub fn store(&self, taken: Instant, read: impl IntoIterator<Item = (K, V)>) {
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         samples.retain(|_, (at, _)| at.elapsed() < SAMPLE_KEPT);
-        for (path, usage) in read {
-            samples.insert(path, (taken, usage));
+        for (key, usage) in read {
+            samples.insert(key, (taken, usage));
         }
     }
 
