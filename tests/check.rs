@@ -47,6 +47,33 @@ fn the_test_bed_passes_every_check() {
     }
     assert!(text.contains("seccomp yes"), "{text}");
     assert!(text.ends_with(" checks, 0 failed\n"), "{text}");
+    // The host's facts, read here independently of crius: the cgroup layout and whether
+    // this process may lower OOM scores (the VM runs on hybrid cgroups without
+    // CAP_SYS_RESOURCE).
+    let unified = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let cgroups = if unified {
+        "ok   cgroups: v2 (unified), driver cgroupfs"
+    } else {
+        "warn cgroups: v1 (or hybrid), driver cgroupfs -> kubelet 1.35 and later refuse cgroup v1"
+    };
+    assert!(text.contains(cgroups), "{cgroups:?} missing:\n{text}");
+    let oom = if has_sys_resource() {
+        "ok   OOM scores: crius may lower them (CAP_SYS_RESOURCE)"
+    } else {
+        "warn OOM scores: no CAP_SYS_RESOURCE where this check runs"
+    };
+    assert!(text.contains(oom), "{oom:?} missing:\n{text}");
+}
+
+/// Whether this process's effective capabilities hold CAP_SYS_RESOURCE (bit 24).
+fn has_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
 }
 
 #[test]
