@@ -8,7 +8,7 @@
 //! passes through untouched. Otherwise every header block the client sends is decoded and
 //! sent on re-encoded without compression state, with `:authority: localhost`.
 //! Only the client-to-server direction is touched; no crate offers this, and the rewrite
-//! needs only an HPACK decoder (`loona-hpack`) and literal re-encoding.
+//! needs only an HPACK decoder ([`super::hpack`]) and literal re-encoding.
 
 use std::io;
 use std::pin::Pin;
@@ -16,6 +16,8 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::hpack::{Decoder, encode_integer};
 
 /// "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 const PREFACE_LEN: usize = 24;
@@ -67,7 +69,7 @@ struct Rewriter {
     /// Payload bytes of the current non-header frame still to pass on as they are.
     payload_left: usize,
     block: Option<PendingBlock>,
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: Decoder,
     /// Bytes received and not processed yet.
     input: BytesMut,
     /// Bytes ready for the server.
@@ -85,7 +87,7 @@ impl Rewriter {
             preface_left: PREFACE_LEN,
             payload_left: 0,
             block: None,
-            decoder: limited_decoder(),
+            decoder: Decoder::new(MAX_HPACK_TABLE),
             input: BytesMut::new(),
             output: BytesMut::new(),
         }
@@ -272,27 +274,18 @@ impl Rewriter {
     }
 }
 
-fn limited_decoder() -> loona_hpack::Decoder<'static> {
-    let mut decoder = loona_hpack::Decoder::new();
-    decoder.set_max_allowed_table_size(MAX_HPACK_TABLE);
-    decoder
-}
-
 /// Decodes a header block into at most [`MAX_HEADER_LIST`] bytes of headers.
-fn decode_bounded(
-    decoder: &mut loona_hpack::Decoder<'static>,
-    block: &[u8],
-) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+fn decode_bounded(decoder: &mut Decoder, block: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut headers = Vec::new();
     let mut size = 0usize;
     decoder
-        .decode_with_cb(block, |name, value| {
+        .decode(block, |name, value| {
             size = size.saturating_add(name.len() + value.len() + 32);
             if size <= MAX_HEADER_LIST {
-                headers.push((name.into_owned(), value.into_owned()));
+                headers.push((name.to_vec(), value.to_vec()));
             }
         })
-        .map_err(|e| invalid(format!("undecodable header block: {e:?}")))?;
+        .map_err(|e| invalid(format!("undecodable header block: {e}")))?;
     if size > MAX_HEADER_LIST {
         return Err(invalid(format!(
             "the header list decodes to more than {MAX_HEADER_LIST} bytes"
@@ -308,7 +301,7 @@ fn encode_literal(headers: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     for (name, value) in headers {
         out.push(0x00);
         for part in [name, value] {
-            out.extend_from_slice(&loona_hpack::encoder::encode_integer(part.len(), 7));
+            encode_integer(part.len(), 7, 0, &mut out);
             out.extend_from_slice(part);
         }
     }

@@ -8,6 +8,7 @@
 
 mod authority;
 pub mod deadline;
+mod hpack;
 pub mod rpc;
 mod service;
 pub mod socket;
