@@ -427,15 +427,14 @@ async fn removing_a_running_container_leaves_nothing() {
     pod.stop("nosuchcontainer", 0).await;
     assert!(!crius.ctr(&["containers", "ls", "-q"]).contains(&id));
     assert!(!crius.ctr(&["tasks", "ls"]).contains(&id));
-    assert!(!crius.ctr(&["snapshots", "ls"]).contains(&id));
-    assert!(
-        !crius.config.state.join("containers").join(&id).exists(),
-        "FIFOs left"
-    );
-    assert!(
-        !crius.config.root.join("containers").join(&id).exists(),
-        "status left"
-    );
+    // The writable layer and the files go right after RemoveContainer answers.
+    let gone = eventually(Duration::from_secs(5), || async {
+        !crius.ctr(&["snapshots", "ls"]).contains(&id)
+            && !crius.config.state.join("containers").join(&id).exists()
+            && !crius.config.root.join("containers").join(&id).exists()
+    })
+    .await;
+    assert!(gone, "snapshot, FIFOs or status left");
     assert!(log.exists(), "the log file stays for kubelet");
     // The name is free again.
     let again = pod

@@ -99,7 +99,8 @@ async fn volumes_the_image_declares_are_seeded_writable_and_go_with_the_containe
 
     pod.stop(&id, 0).await;
     pod.remove(&id).await;
-    assert!(!volumes.exists(), "removed with the container");
+    let gone = common::eventually(Duration::from_secs(5), || async { !volumes.exists() }).await;
+    assert!(gone, "removed right after the container");
     pod.remove_pod().await;
 }
 

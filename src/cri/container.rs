@@ -233,36 +233,45 @@ impl CriService {
     }
 
     /// Deletes a container entirely: task, containerd record, snapshot, FIFOs and dirs,
-    /// name. The log file stays (kubelet owns it).
-    pub(crate) async fn destroy_container(&self, container: &Arc<Container>) -> Result<(), Status> {
+    /// name. The log file stays (kubelet owns it). With [`Leftovers::InBackground`] the
+    /// snapshot and files go after the answer (see [`Leftovers`]).
+    pub(crate) async fn destroy_container(
+        &self,
+        container: &Arc<Container>,
+        leftovers: Leftovers,
+    ) -> Result<(), Status> {
         let id = container.id().to_string();
         if container.task_deleted() {
             self.unmount_idmapped_rootfs(&id);
         } else {
             self.destroy_task(&id).await?;
         }
-        // Once the task is gone, the record, the snapshot and the files are independent:
-        // removed at once. Each removal is idempotent, so a retry after a failure (or
-        // recovery after a crash) finishes what is left.
-        let record = async {
-            self.containerd
-                .delete_container(&id)
-                .await
-                .map_err(internal)?;
-            crate::failpoint::hit("container_remove_after_record")
-                .await
-                .map_err(internal)
+        self.containerd
+            .delete_container(&id)
+            .await
+            .map_err(internal)?;
+        crate::failpoint::hit("container_remove_after_record")
+            .await
+            .map_err(internal)?;
+        let sandbox = match leftovers {
+            Leftovers::Wait => None,
+            Leftovers::InBackground => self
+                .sandboxes
+                .get(&container.metadata.sandbox_id)
+                .ok()
+                .flatten(),
         };
-        let snapshot = async {
-            self.containerd
-                .remove_snapshot(&self.config.containerd.snapshotter, &id)
-                .await
-                .map_err(internal)
-        };
-        let files = self.remove_container_files(container);
-        // Each runs to its end, also when another fails.
-        let (record, snapshot, files) = tokio::join!(record, snapshot, files);
-        record.and(snapshot).and(files)?;
+        match sandbox {
+            Some(sandbox) => {
+                let (service, container) = (self.clone(), container.clone());
+                sandbox.container_cleanups.spawn(async move {
+                    if let Err(e) = service.remove_container_leftovers(&container).await {
+                        tracing::warn!(container = %container.id(), error = %e.message(), "removing a removed container's snapshot or files failed; the next start removes them");
+                    }
+                });
+            }
+            None => self.remove_container_leftovers(container).await?,
+        }
         self.containers.remove(&id);
         self.container_names.release(&container.metadata.name, &id);
         self.emit_container_event(
@@ -271,6 +280,22 @@ impl CriService {
             crate::api::v1::ContainerEventType::ContainerDeletedEvent,
         );
         Ok(())
+    }
+
+    /// Removes the snapshot and the files of a container whose containerd record is gone.
+    /// Both at once and each idempotent, so a retry after a failure (or the sweep at
+    /// start-up after a crash) finishes what is left.
+    async fn remove_container_leftovers(&self, container: &Arc<Container>) -> Result<(), Status> {
+        let snapshot = async {
+            self.containerd
+                .remove_snapshot(&self.config.containerd.snapshotter, container.id())
+                .await
+                .map_err(internal)
+        };
+        let files = self.remove_container_files(container);
+        // Each runs to its end, also when the other fails.
+        let (snapshot, files) = tokio::join!(snapshot, files);
+        snapshot.and(files)
     }
 
     /// Removes the container's FIFOs and directories, off the async threads.
@@ -292,6 +317,19 @@ impl CriService {
         .await
         .map_err(|e| Status::internal(format!("removing the container's files: {e}")))?
     }
+}
+
+/// When a removed container's writable layer and files go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leftovers {
+    /// Before the removal answers.
+    Wait,
+    /// Right after it answers, tracked by the pod (RemovePodSandbox waits for them): the
+    /// container is gone for every caller once its containerd record is. A crash in
+    /// between leaves the directories, and the sweep at start-up removes them with the
+    /// snapshot (which containerd's garbage collection would also take, nothing refers
+    /// to it any more).
+    InBackground,
 }
 
 #[cfg(test)]

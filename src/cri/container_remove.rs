@@ -19,7 +19,8 @@ impl CriService {
         self.stop_container_process(&container, Duration::ZERO)
             .await?;
         let _lifecycle = container.lifecycle.lock().await;
-        self.destroy_container(&container).await?;
+        self.destroy_container(&container, super::container::Leftovers::InBackground)
+            .await?;
         tracing::info!(container = %container.id(), "container removed");
         Ok(RemoveContainerResponse {})
     }

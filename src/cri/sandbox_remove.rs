@@ -39,8 +39,12 @@ impl CriService {
         self.stop_sandbox(sandbox).await?;
         for container in self.containers.in_sandbox(&id) {
             let _container_lifecycle = container.lifecycle.lock().await;
-            self.destroy_container(&container).await?;
+            self.destroy_container(&container, super::container::Leftovers::Wait)
+                .await?;
         }
+        // What RemoveContainer left running: nothing of the pod outlives its removal.
+        sandbox.container_cleanups.close();
+        sandbox.container_cleanups.wait().await;
         self.containerd
             .delete_container(&id)
             .await

@@ -62,6 +62,9 @@ pub struct Sandbox {
     status: Mutex<SandboxStatus>,
     /// Held across the steps of Run (after the record exists), Stop and Remove.
     pub lifecycle: tokio::sync::Mutex<()>,
+    /// The removal of removed containers' writable layers and files, which RemoveContainer
+    /// leaves running; RemovePodSandbox waits for them.
+    pub container_cleanups: tokio_util::task::TaskTracker,
 }
 
 impl Sandbox {
@@ -70,6 +73,7 @@ impl Sandbox {
             metadata: RwLock::new(metadata),
             status: Mutex::new(status),
             lifecycle: tokio::sync::Mutex::new(()),
+            container_cleanups: tokio_util::task::TaskTracker::new(),
         }
     }
 
