@@ -254,6 +254,11 @@ impl EventMonitor {
             }
         };
         tracing::debug!(topic = %envelope.topic, image = %name, "image event");
+        // The delete of a name crius does not hold (its own RemoveImage's, mostly) changes
+        // nothing: no read of containerd while its garbage collection runs.
+        if envelope.topic == "/images/delete" && !self.images.holds_reference(&name) {
+            return;
+        }
         if let Err(e) = sync_record(&self.containerd, &self.images, &name).await {
             tracing::warn!(image = %name, error = %e, "cannot follow image change");
         }

@@ -116,6 +116,11 @@ impl ImageStore {
         }
     }
 
+    /// Whether `reference` is exactly one of the names of an image held.
+    pub fn holds_reference(&self, reference: &str) -> bool {
+        self.read().by_reference.contains_key(reference)
+    }
+
     /// Where the store is now, for [`Self::add_unless_removed_since`].
     pub fn generation(&self) -> u64 {
         self.read().generation
