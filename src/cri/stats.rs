@@ -28,12 +28,10 @@ use super::sandbox_status::labels_match;
 use super::unix_nanos;
 use crate::server::CriService;
 use crate::stats::cgroup::{Pressure, PressureLine, parent_of};
-use crate::stats::netdev::{InterfaceCounters, read_interfaces};
+use crate::stats::netdev::{DEFAULT_INTERFACE, InterfaceCounters, read_interfaces};
 use crate::stats::{CgroupUsage, LayerUsage, MemoryUsage, NetworkSample, Samples};
 use crate::store::{Container, ContainerState, Sandbox, SandboxState};
 
-/// The interface kubelet treats as the pod's own.
-const DEFAULT_INTERFACE: &str = "eth0";
 /// Blocking reads of cgroups (and pods sampled) at once for one stats call.
 const PARALLEL_READS: usize = 4;
 /// Cgroups read in one blocking call at least: fewer are not worth another thread.

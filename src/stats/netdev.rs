@@ -1,7 +1,16 @@
 //! Network interface counters of a network namespace, from `/proc/<pid>/net/dev` of a
 //! process inside it (no need to enter the namespace).
 
+use std::io::Read;
 use std::path::Path;
+
+/// Bytes of `net/dev` read at most: a pod with CAP_NET_ADMIN can make thousands of
+/// interfaces in its network namespace.
+const MAX_NETDEV_BYTES: u64 = 256 * 1024;
+/// Interfaces reported per pod at most; `eth0` (kubelet's) is always among them.
+pub const MAX_INTERFACES: usize = 64;
+/// The interface kubelet treats as the pod's own.
+pub const DEFAULT_INTERFACE: &str = "eth0";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InterfaceCounters {
@@ -12,10 +21,34 @@ pub struct InterfaceCounters {
     pub tx_errors: u64,
 }
 
-/// The interfaces (loopback left out) of the netns `pid` lives in.
+/// The interfaces (loopback left out) of the netns `pid` lives in, at most
+/// [`MAX_INTERFACES`] of them from the first [`MAX_NETDEV_BYTES`] of the table.
 pub fn read_interfaces(pid: u32) -> std::io::Result<Vec<InterfaceCounters>> {
-    let text = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("net/dev"))?;
-    Ok(parse(&text))
+    let file = std::fs::File::open(Path::new("/proc").join(pid.to_string()).join("net/dev"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_NETDEV_BYTES).read_to_end(&mut bytes)?;
+    // A table cut short ends in a partial line: its last number would be cut too.
+    if bytes.len() as u64 == MAX_NETDEV_BYTES
+        && let Some(end) = bytes.iter().rposition(|b| *b == b'\n')
+    {
+        bytes.truncate(end + 1);
+    }
+    Ok(bounded(parse(&String::from_utf8_lossy(&bytes))))
+}
+
+/// At most [`MAX_INTERFACES`] of `interfaces`, in their order, `eth0` kept.
+fn bounded(mut interfaces: Vec<InterfaceCounters>) -> Vec<InterfaceCounters> {
+    if interfaces.len() <= MAX_INTERFACES {
+        return interfaces;
+    }
+    let default = interfaces
+        .iter()
+        .position(|i| i.name == DEFAULT_INTERFACE)
+        .filter(|at| *at >= MAX_INTERFACES)
+        .map(|at| interfaces.swap_remove(at));
+    interfaces.truncate(MAX_INTERFACES - usize::from(default.is_some()));
+    interfaces.extend(default);
+    interfaces
 }
 
 /// Parses the `net/dev` table: after two header lines, `name: rx(8 columns) tx(8 columns)`.
@@ -68,6 +101,26 @@ Inter-|   Receive                                                |  Transmit
                 tx_errors: 1,
             }]
         );
+    }
+
+    #[test]
+    fn a_namespace_with_many_interfaces_reports_a_bounded_few_with_eth0() {
+        let mut text = String::from("header\nheader\n");
+        for i in 0..200 {
+            text.push_str(&format!("  dummy{i}: 1 0 0 0 0 0 0 0 2 0 0 0 0 0 0 0\n"));
+        }
+        text.push_str("  eth0: 5 0 0 0 0 0 0 0 6 0 0 0 0 0 0 0\n");
+        let interfaces = bounded(parse(&text));
+        assert_eq!(interfaces.len(), MAX_INTERFACES);
+        assert_eq!(interfaces[0].name, "dummy0");
+        assert!(
+            interfaces
+                .iter()
+                .any(|i| i.name == "eth0" && i.rx_bytes == 5)
+        );
+        // Few enough: all of them, in order.
+        let few = bounded(parse("h\nh\n  a: 1 0 0 0 0 0 0 0 2 0 0 0 0 0 0 0\n"));
+        assert_eq!(few.len(), 1);
     }
 
     #[test]
