@@ -413,6 +413,35 @@ async fn reopen_container_log_writes_to_a_new_file() {
 }
 
 #[tokio::test]
+async fn remove_answers_before_the_layer_goes_and_pod_removal_waits_for_it() {
+    let crius = Crius::start_with(
+        |_| {},
+        &[("CRIUS_FAILPOINTS", "container_cleanup=sleep(1500)")],
+    )
+    .await;
+    let mut pod = pod(&crius, "rm-later").await;
+    let id = pod
+        .run(container("c", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    pod.stop(&id, 0).await;
+    let started = Instant::now();
+    pod.remove(&id).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "RemoveContainer waited for the layer's removal"
+    );
+    // Gone for every caller at once; its files and layer go after.
+    assert!(!crius.ctr(&["containers", "ls", "-q"]).contains(&id));
+    assert!(crius.config.root.join("containers").join(&id).exists());
+    pod.remove_pod().await;
+    assert!(
+        !crius.config.root.join("containers").join(&id).exists(),
+        "RemovePodSandbox answered before its removed container's files went"
+    );
+    assert!(!crius.ctr(&["snapshots", "ls"]).contains(&id));
+}
+
+#[tokio::test]
 async fn removing_a_running_container_leaves_nothing() {
     let crius = Crius::start().await;
     let mut pod = pod(&crius, "rm").await;

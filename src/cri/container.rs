@@ -265,7 +265,11 @@ impl CriService {
             Some(sandbox) => {
                 let (service, container) = (self.clone(), container.clone());
                 sandbox.container_cleanups.spawn(async move {
-                    if let Err(e) = service.remove_container_leftovers(&container).await {
+                    let cleaned = match crate::failpoint::hit("container_cleanup").await {
+                        Ok(()) => service.remove_container_leftovers(&container).await,
+                        Err(e) => Err(internal(e)),
+                    };
+                    if let Err(e) = cleaned {
                         tracing::warn!(container = %container.id(), error = %e.message(), "removing a removed container's snapshot or files failed; the next start removes them");
                     }
                 });
