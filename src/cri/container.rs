@@ -286,20 +286,16 @@ impl CriService {
         Ok(())
     }
 
-    /// Removes the snapshot and the files of a container whose containerd record is gone.
-    /// Both at once and each idempotent, so a retry after a failure (or the sweep at
-    /// start-up after a crash) finishes what is left.
+    /// Removes the snapshot and then the files of a container whose containerd record is
+    /// gone. The directories go last: while they stand, the sweep at start-up finds the
+    /// container and removes its snapshot. Each step is idempotent, so a retry finishes
+    /// what is left.
     async fn remove_container_leftovers(&self, container: &Arc<Container>) -> Result<(), Status> {
-        let snapshot = async {
-            self.containerd
-                .remove_snapshot(&self.config.containerd.snapshotter, container.id())
-                .await
-                .map_err(internal)
-        };
-        let files = self.remove_container_files(container);
-        // Each runs to its end, also when the other fails.
-        let (snapshot, files) = tokio::join!(snapshot, files);
-        snapshot.and(files)
+        self.containerd
+            .remove_snapshot(&self.config.containerd.snapshotter, container.id())
+            .await
+            .map_err(internal)?;
+        self.remove_container_files(container).await
     }
 
     /// Removes the container's FIFOs and directories, off the async threads.

@@ -19,6 +19,10 @@ impl CriService {
         self.stop_container_process(&container, Duration::ZERO)
             .await?;
         let _lifecycle = container.lifecycle.lock().await;
+        // Removed while this call waited (RemovePodSandbox): nothing is left to do.
+        if !self.is_stored(&container) {
+            return Ok(RemoveContainerResponse {});
+        }
         self.destroy_container(&container, super::container::Leftovers::InBackground)
             .await?;
         tracing::info!(container = %container.id(), "container removed");

@@ -129,6 +129,10 @@ impl Rewriter {
                 self.payload_left = length;
                 continue;
             }
+            // The server allows no larger frame: refused before its bytes are waited for.
+            if length > MAX_FRAME_PAYLOAD {
+                return Err(invalid("a header frame larger than the maximum frame size"));
+            }
             if self.input.len() < FRAME_HEADER_LEN + length {
                 return Ok(());
             }
@@ -563,6 +567,16 @@ mod tests {
             1,
             &[0xff, 0xff, 0xff],
         ));
+        let mut rewriter = Rewriter::new();
+        rewriter.input.extend_from_slice(&input);
+        assert!(rewriter.process().is_err());
+    }
+
+    #[test]
+    fn a_header_frame_larger_than_the_server_allows_is_refused_before_its_bytes() {
+        let mut input = PREFACE.to_vec();
+        // Only the frame header of a 16 MiB HEADERS frame: refused without waiting for more.
+        input.extend_from_slice(&[0xff, 0xff, 0xff, TYPE_HEADERS, FLAG_END_HEADERS, 0, 0, 0, 1]);
         let mut rewriter = Rewriter::new();
         rewriter.input.extend_from_slice(&input);
         assert!(rewriter.process().is_err());

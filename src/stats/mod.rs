@@ -131,7 +131,13 @@ impl<K: Eq + Hash + Clone, V: Clone> Samples<K, V> {
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         samples.retain(|_, (at, _)| at.elapsed() < SAMPLE_KEPT);
         for (key, usage) in read {
-            samples.insert(key, (taken, usage));
+            // A slow background read must not replace a sample read after it began.
+            match samples.get(&key) {
+                Some((at, _)) if *at > taken => {}
+                _ => {
+                    samples.insert(key, (taken, usage));
+                }
+            }
         }
     }
 
@@ -228,10 +234,14 @@ mod tests {
         let third = samples.lookup(&paths);
         assert!(third.missing.is_empty());
         assert_eq!(third.stale, vec!["/b".to_string()]);
-        // Too old: read again before answering.
+        // An older read does not replace a newer sample...
         let too_old = Instant::now() - SAMPLE_USABLE - Duration::from_millis(100);
-        samples.store(too_old, [("/a".to_string(), usage)]);
-        assert_eq!(samples.lookup(&paths).missing, vec![0]);
+        samples.store(too_old, [("/a".to_string(), usage.clone())]);
+        assert!(samples.lookup(&paths).missing.is_empty());
+        // ...and a sample too old is read again before answering.
+        let fresh_cache = CgroupSamples::default();
+        fresh_cache.store(too_old, [("/a".to_string(), usage)]);
+        assert_eq!(fresh_cache.lookup(&paths).missing, vec![0, 2]);
         assert!(samples.start_refresh());
         assert!(!samples.start_refresh(), "a second refresh at once");
         samples.end_refresh();
