@@ -652,7 +652,7 @@ impl Config {
         if self.stream.idle_timeout.is_zero() {
             return Err(invalid("stream.idle_timeout", "must be longer than zero"));
         }
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+        if crate::logging::parse_filter(&self.log.level).is_none() {
             return Err(invalid(
                 "log.level",
                 format!(

@@ -16,6 +16,7 @@ pub mod events;
 pub mod failpoint;
 pub mod fsusage;
 pub mod fsutil;
+pub mod heap;
 pub mod idmap;
 pub mod image;
 pub mod io;

@@ -154,6 +154,7 @@ fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
         config.log.format,
     );
     crius::server::raise_open_file_limit();
+    crius::heap::limit_retention();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("crius")

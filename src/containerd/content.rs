@@ -686,7 +686,11 @@ impl ContentWriter {
 
         let mut hasher = Sha256::new();
         let mut offset: i64 = 0;
-        let mut buffer: Vec<u8> = Vec::with_capacity(WRITE_CHUNK);
+        // A small blob (a manifest, a config) needs no megabyte buffer.
+        let write_size = usize::try_from(size)
+            .unwrap_or(WRITE_CHUNK)
+            .clamp(1, WRITE_CHUNK);
+        let mut buffer: Vec<u8> = Vec::with_capacity(write_size);
         let mut source_error = None;
         let mut overrun = false;
         loop {
@@ -710,8 +714,8 @@ impl ContentWriter {
                 progress(chunk.len());
                 buffer.extend_from_slice(&chunk);
             }
-            if buffer.len() >= WRITE_CHUNK || (last && !buffer.is_empty()) {
-                let payload = std::mem::replace(&mut buffer, Vec::with_capacity(WRITE_CHUNK));
+            if buffer.len() >= write_size || (last && !buffer.is_empty()) {
+                let payload = std::mem::replace(&mut buffer, Vec::with_capacity(write_size));
                 let len = payload.len() as i64;
                 // Offset 0 on the first write restarts any earlier partial ingest.
                 let req = WriteContentRequest {

@@ -127,6 +127,9 @@ impl<E: std::error::Error + Into<PullError> + 'static> From<WriteError<E>> for P
 /// finished. A registry that trickles a byte now and then makes none, so it is cut off after
 /// the progress timeout like one that sends nothing. Once the documents are in, the pull
 /// also gets an overall deadline from the sizes they promised (see [`Progress::promise`]).
+/// A pull that fetched at least this much hands the heap's free pages back afterwards.
+const RELEASE_AFTER_BYTES: u64 = 1024 * 1024;
+
 struct Progress {
     started: Instant,
     /// Milliseconds after `started` of the last useful progress.
@@ -427,7 +430,13 @@ impl ImagePuller {
         let outcome = self
             .pull_with_lease(reference, credentials, &progress, stop)
             .await;
-        timer.finish(outcome.is_ok(), progress.bytes.load(Ordering::Relaxed));
+        let fetched = progress.bytes.load(Ordering::Relaxed);
+        timer.finish(outcome.is_ok(), fetched);
+        if fetched >= RELEASE_AFTER_BYTES {
+            // Layer downloads leave freed buffers behind in the heap; give them back now
+            // rather than keep them for the daemon's life.
+            tokio::task::spawn_blocking(crate::heap::release_free_memory);
+        }
         match outcome {
             Ok(image) => {
                 tracing::info!(

@@ -85,7 +85,8 @@ pub struct ServiceState {
     /// Whether CRIU can checkpoint containers here (`criu check` at start-up); why not.
     pub criu: Result<(), String>,
     /// Container and sandbox lifecycle events for `GetContainerEvents`.
-    pub container_events: tokio::sync::broadcast::Sender<crate::api::v1::ContainerEventResponse>,
+    pub container_events:
+        tokio::sync::broadcast::Sender<std::sync::Arc<crate::api::v1::ContainerEventResponse>>,
     /// Exec/attach/port-forward requests waiting for their client.
     pub stream_requests: Arc<crate::streaming::StreamRequests>,
     /// The stream server, once it is bound.
