@@ -9,8 +9,10 @@ build:
 	cargo build
 	cargo build -p crius-shim
 
+# The daemon as it ships, in target/crius-release/: static against musl where rustup has the
+# target and musl-gcc is installed (musl-tools), else against glibc.
 release: shim
-	cargo build --release
+	scripts/build-release.sh
 
 # crius's shim, containerd-shim-crius-v2 (small and static: one runs per pod), in
 # target/crius-shim/.

@@ -33,7 +33,12 @@ for path in "$BINDIR" "$SYSCONFDIR" "$UNITDIR" "$CNI_CONF_DIR"; do
   esac
 done
 
-BIN=$TARGET_DIR/$PROFILE/crius
+# `make release` puts the shipped build (static against musl where it can) apart.
+if [ "$PROFILE" = release ]; then
+  BIN=$TARGET_DIR/crius-release/crius
+else
+  BIN=$TARGET_DIR/$PROFILE/crius
+fi
 SHIM=$TARGET_DIR/crius-shim/containerd-shim-crius-v2
 for built in "$BIN" "$SHIM"; do
   if [ ! -x "$built" ]; then

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=$ROOT/target/release/crius
+BIN=$ROOT/target/crius-release/crius
 CONTAINERD_SOCK=/run/containerd/containerd.sock
 CNI_CONF_DIR=/etc/cni/net.d
 RUN_DIR=$ROOT/.run

@@ -529,11 +529,16 @@ run_tests() {
   fi
 }
 
+
 run_benches() {
   deps
   cd "$ROOT"
-  cargo build --release
   build_shim
+  # The benchmarks measure crius as `make release` links it (scripts/build-release.sh):
+  # statically, for the host target only (the bench profile is the release profile).
+  local target
+  target="--target $(rustc -vV | sed -n 's/^host: //p')"
+  export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
   down
   trap down EXIT
   up
@@ -545,13 +550,18 @@ run_benches() {
   export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
   # First, while the test bed's containerd holds nothing but the test images: the table
   # of every operation against containerd's CRI (`make bench` stops after it).
-  cargo bench --bench lifecycle
+  # shellcheck disable=SC2086 # $target is two words
+  cargo bench $target --bench lifecycle
   [ "${1:-}" = all ] || return 0
-  cargo bench --bench shim
-  cargo bench --bench pull
-  cargo bench --bench stats
+  # shellcheck disable=SC2086
+  cargo bench $target --bench shim
+  # shellcheck disable=SC2086
+  cargo bench $target --bench pull
+  # shellcheck disable=SC2086
+  cargo bench $target --bench stats
   # Inside containerd 2.x: its CRI's runc handler against crius's two modes and crius's CRI.
-  (eval "$(print_env 2)" && cargo bench --bench inside)
+  # shellcheck disable=SC2086
+  (eval "$(print_env 2)" && cargo bench $target --bench inside)
 }
 
 case "${1:-}" in

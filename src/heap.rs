@@ -8,6 +8,7 @@
 //! (`GLIBC_TUNABLES`) win: nothing is changed then.
 
 /// Blocks of at least this size are mapped on their own and returned to the OS when freed.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_THRESHOLD: i32 = 128 * 1024;
 
 /// Fixes the mmap threshold; call once at start-up, before the runtime starts threads.
