@@ -121,15 +121,15 @@ impl<E: std::error::Error + Into<PullError> + 'static> From<WriteError<E>> for P
     }
 }
 
+/// A pull that fetched at least this much hands the heap's free pages back afterwards.
+const RELEASE_AFTER_BYTES: u64 = 1024 * 1024;
+
 /// How far a pull has come; also what the watchdog watches.
 ///
 /// Only useful progress counts: [`USEFUL_BYTES`] more of a layer, or a document or layer
 /// finished. A registry that trickles a byte now and then makes none, so it is cut off after
 /// the progress timeout like one that sends nothing. Once the documents are in, the pull
 /// also gets an overall deadline from the sizes they promised (see [`Progress::promise`]).
-/// A pull that fetched at least this much hands the heap's free pages back afterwards.
-const RELEASE_AFTER_BYTES: u64 = 1024 * 1024;
-
 struct Progress {
     started: Instant,
     /// Milliseconds after `started` of the last useful progress.
