@@ -9,8 +9,7 @@ build:
 	cargo build
 	cargo build -p crius-shim
 
-# The daemon as it ships, in target/crius-release/: static against musl where rustup has the
-# target and musl-gcc is installed (musl-tools), else against glibc.
+# The daemon as it ships, in target/crius-release/: linked statically against glibc.
 release: shim
 	scripts/build-release.sh
 
