@@ -3,7 +3,8 @@
 # (RUSTFLAGS="-C target-feature=+crt-static" for the host target only, so build scripts and
 # macros stay dynamic). Static, it maps no libc.so, libm.so or loader: 1.7 MiB less resident
 # memory, and glibc's malloc stays (musl's took 25% longer per small RPC). Host names still
-# resolve through /etc/hosts and DNS (glibc 2.34+ has both without NSS modules). The binary
+# resolve through /etc/hosts and DNS (glibc 2.34+ has both without NSS modules; other
+# nsswitch sources load the node's modules, which must match this glibc). The binary
 # goes to target/crius-release/, where `make install` and `make run` take it.
 set -euo pipefail
 
