@@ -9,9 +9,10 @@ build:
 	cargo build
 	cargo build -p crius-shim
 
-# The daemon as it ships, in target/crius-release/: linked statically against glibc.
+# The daemon as it ships, in target/crius-release/: linked statically against glibc
+# (STATIC=0: dynamically).
 release: shim
-	scripts/build-release.sh
+	STATIC="$(STATIC)" scripts/build-release.sh
 
 # crius's shim, containerd-shim-crius-v2 (small and static: one runs per pod), in
 # target/crius-shim/.
