@@ -14,6 +14,10 @@ TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=$TARGET_DIR/crius-release
 cd "$ROOT"
 
+case ${STATIC:-1} in
+0 | 1) ;;
+*) echo "[release] STATIC must be 0 (dynamic) or 1 (static), not '$STATIC'" >&2; exit 2 ;;
+esac
 if [ "${STATIC:-1}" = 0 ]; then
   cargo build --release --bin crius
   built=$TARGET_DIR/release/crius

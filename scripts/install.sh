@@ -33,7 +33,7 @@ for path in "$BINDIR" "$SYSCONFDIR" "$UNITDIR" "$CNI_CONF_DIR"; do
   esac
 done
 
-# `make release` puts the shipped build (static against musl where it can) apart.
+# `make release` puts the shipped build (static, or dynamic with STATIC=0) apart.
 if [ "$PROFILE" = release ]; then
   BIN=$TARGET_DIR/crius-release/crius
 else

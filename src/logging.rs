@@ -9,8 +9,13 @@ use tracing_subscriber::prelude::*;
 
 use crate::config::LogFormat;
 
-/// Parses a log level or filter such as `info` or `crius=debug,info`.
+/// Parses a log level or filter such as `info` or `crius=debug,info`. `EnvFilter`'s span
+/// and field directives (`crius[exec{id=..}]=debug`) are refused: `Targets` would take them
+/// for a target name that never matches.
 pub fn parse_filter(filter: &str) -> Option<Targets> {
+    if filter.contains(['[', ']', '{', '}']) {
+        return None;
+    }
     filter.trim().parse().ok()
 }
 
@@ -53,5 +58,8 @@ mod tests {
     fn refuses_what_is_not_a_filter() {
         assert!(parse_filter("crius=loud").is_none());
         assert!(parse_filter("info,h2=verbose").is_none());
+        // EnvFilter's span and field directives are not understood, so not accepted.
+        assert!(parse_filter("crius[request{id=1}]=debug").is_none());
+        assert!(parse_filter("[exec]=trace").is_none());
     }
 }

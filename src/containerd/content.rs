@@ -715,7 +715,12 @@ impl ContentWriter {
                 buffer.extend_from_slice(&chunk);
             }
             if buffer.len() >= write_size || (last && !buffer.is_empty()) {
-                let payload = std::mem::replace(&mut buffer, Vec::with_capacity(write_size));
+                let next = if last {
+                    Vec::new()
+                } else {
+                    Vec::with_capacity(write_size)
+                };
+                let payload = std::mem::replace(&mut buffer, next);
                 let len = payload.len() as i64;
                 // Offset 0 on the first write restarts any earlier partial ingest.
                 let req = WriteContentRequest {
