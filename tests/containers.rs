@@ -413,12 +413,12 @@ async fn reopen_container_log_writes_to_a_new_file() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn remove_answers_before_the_layer_goes_and_pod_removal_waits_for_it() {
-    let crius = Crius::start_with(
-        |_| {},
-        &[("CRIUS_FAILPOINTS", "container_cleanup=sleep(1500)")],
-    )
-    .await;
+    let crius = Crius::start_with_failpoints("container_cleanup=sleep(1500)").await;
     let mut pod = pod(&crius, "rm-later").await;
     let id = pod
         .run(container("c", "busybox:latest", &["sleep", "1000"]))

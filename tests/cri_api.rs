@@ -849,11 +849,7 @@ async fn v1alpha2_serves_every_rpc_family_over_grpc_and_ttrpc() {
     ignore = "needs --features failpoints (make test has it)"
 )]
 async fn a_client_that_gives_up_never_cuts_a_create_in_half() {
-    let crius = Crius::start_with(
-        |_| {},
-        &[("CRIUS_FAILPOINTS", "container_after_record=sleep(2500)")],
-    )
-    .await;
+    let crius = Crius::start_with_failpoints("container_after_record=sleep(2500)").await;
     let mut pod = pod(&crius, "given-up").await;
     let mut request = tonic::Request::new(v1::CreateContainerRequest {
         pod_sandbox_id: pod.id.clone(),

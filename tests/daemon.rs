@@ -405,8 +405,7 @@ async fn systemd_hears_ready_only_once_crius_serves_and_stopping_at_shutdown() {
     ignore = "needs --features failpoints (make test has it)"
 )]
 async fn sigterm_lets_the_rpc_in_flight_finish_and_exits_zero() {
-    let mut crius =
-        Crius::start_with(|_| {}, &[("CRIUS_FAILPOINTS", "rpc.Version=sleep(1500)")]).await;
+    let mut crius = Crius::start_with_failpoints("rpc.Version=sleep(1500)").await;
     let mut client = crius.client().await;
     let in_flight =
         tokio::spawn(async move { client.runtime.version(VersionRequest::default()).await });

@@ -396,7 +396,7 @@ async fn failed_pulls_name_the_reference_and_cause_and_leave_nothing() {
 )]
 async fn a_pull_failing_after_unpacking_leaves_no_content_or_snapshots() {
     let registry = Testbed::from_env().registry;
-    let crius = Crius::start_with(|_| {}, &[("CRIUS_FAILPOINTS", "pull_after_unpack=error")]).await;
+    let crius = Crius::start_with_failpoints("pull_after_unpack=error").await;
     let mut client = crius.client().await;
     let content_before = content_digests(&crius);
     let snapshots_before = crius.ctr(&["snapshots", "ls"]).lines().count();

@@ -160,6 +160,12 @@ impl Crius {
         Self::start_with(|_| {}, &[]).await
     }
 
+    /// Starts crius with the default test config and `failpoints` (`CRIUS_FAILPOINTS`:
+    /// only a build with the `failpoints` feature has them).
+    pub async fn start_with_failpoints(failpoints: &str) -> Self {
+        Self::start_with(|_| {}, &[("CRIUS_FAILPOINTS", failpoints)]).await
+    }
+
     /// Stops crius (SIGTERM, expecting a clean exit) and starts it again with the same
     /// config, directory and containerd namespace.
     pub async fn restart(&mut self) {
