@@ -508,6 +508,8 @@ build_shim() {
 run_tests() {
   deps
   cd "$ROOT"
+  # A build that runs out of disk fails with a bare compiler exit status: say what there was.
+  log "free disk for the build: $(df -h --output=avail "$ROOT" | tail -n 1 | tr -d ' ')"
   cargo fmt --all --check
   # The integration tests drive crius through its failpoints; a release build has none.
   cargo clippy --all-targets --features failpoints -- -D warnings
