@@ -7,6 +7,7 @@ pub mod api;
 pub mod cdi;
 pub mod check;
 pub mod checkpoint;
+pub mod cli;
 pub mod client;
 pub mod cni;
 pub mod config;

@@ -3,81 +3,40 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use crius::cli::{Cli, Command, USAGE};
 use crius::config::{Config, DEFAULT_CONFIG_PATH, DEFAULT_CONFIG_TOML};
 use crius::server::CriService;
 
-#[derive(Parser)]
-#[command(
-    name = "crius",
-    version,
-    about = "A Kubernetes CRI runtime and image service for containerd"
-)]
-struct Cli {
-    /// The config file [default: /etc/crius/config.toml when it exists, else built-in defaults]
-    #[arg(long, short = 'c', global = true, env = "CRIUS_CONFIG")]
-    config: Option<PathBuf>,
-    /// Override the configured log level (error, warn, info, debug, trace, or a filter)
-    #[arg(long, global = true)]
-    log_level: Option<String>,
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Serve the CRI (the default when no command is given)
-    Serve,
-    /// Print or check the configuration
-    Config {
-        #[command(subcommand)]
-        action: ConfigAction,
-    },
-    /// Check, without changing anything, that this host can run crius with its config;
-    /// exits non-zero when a check fails
-    Check,
-    /// List every metric crius exports, with its type and meaning
-    Metrics,
-    /// Print the version
-    Version,
-}
-
-#[derive(Subcommand)]
-enum ConfigAction {
-    /// Print the complete default configuration, commented
-    Default,
-    /// Validate a configuration file and exit non-zero naming the offending key
-    Check,
-    /// Print the crius config equivalent to the CRI settings of a containerd config.toml;
-    /// what cannot be carried over is listed on stderr
-    Migrate {
-        /// containerd's config file (versions 1, 2 and 3)
-        #[arg(long)]
-        from: PathBuf,
-        /// Directory to write hosts.toml files into for the deprecated registry mirrors and
-        /// TLS settings (it becomes registry.config_path)
-        #[arg(long)]
-        hosts_dir: Option<PathBuf>,
-    },
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Serve) {
+    let cli = match crius::cli::parse(
+        std::env::args_os().skip(1),
+        std::env::var_os("CRIUS_CONFIG"),
+    ) {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("crius: {e}\n\nUsage: crius [OPTIONS] [COMMAND]; `crius --help` says more");
+            return ExitCode::from(2);
+        }
+    };
+    run(cli)
+}
+
+fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Help => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
         Command::Version => {
             println!("crius {}", env!("CARGO_PKG_VERSION"));
             println!("CRI API: v1, v1alpha2");
             ExitCode::SUCCESS
         }
-        Command::Config {
-            action: ConfigAction::Default,
-        } => {
+        Command::ConfigDefault => {
             print!("{DEFAULT_CONFIG_TOML}");
             ExitCode::SUCCESS
         }
-        Command::Config {
-            action: ConfigAction::Check,
-        } => {
+        Command::ConfigCheck => {
             let path = cli
                 .config
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
@@ -92,9 +51,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Config {
-            action: ConfigAction::Migrate { from, hosts_dir },
-        } => {
+        Command::ConfigMigrate { from, hosts_dir } => {
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
             match crius::migrate::run(&from, hosts_dir.as_deref(), &mut out, &mut err) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -157,6 +114,7 @@ fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
     crius::heap::limit_retention();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .worker_threads(worker_threads())
         .thread_name("crius")
         // Deep async call chains (a CreateContainer under a client deadline) need more than
         // tokio's 2 MiB in debug builds; untouched stack costs no memory.
@@ -171,6 +129,10 @@ fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
     };
     let code = runtime.block_on(async {
         tracing::info!(version = env!("CARGO_PKG_VERSION"), "crius starting");
+        tokio::spawn(crius::heap::release_when_quiet(
+            crius::heap::QUIET,
+            crius::heap::MAX_RELEASE_DELAY,
+        ));
         let service = match CriService::new(config).await {
             Ok(service) => service,
             Err(e) => {
@@ -189,6 +151,12 @@ fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
     // Abandoned tasks (beyond the shutdown grace) must not hold the exit.
     runtime.shutdown_background();
     code
+}
+
+/// One worker per core, at most four: crius's calls wait on containerd, runc and CNI
+/// plugins, and on a big node more workers would only add stacks.
+fn worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

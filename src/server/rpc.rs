@@ -109,6 +109,11 @@ impl CriServer {
         let took = start.elapsed();
         let latency_us = took.as_micros() as u64;
         call_metrics.finish(result.as_ref().err().map_or(Code::Ok, Status::code));
+        if !is_read_only(rpc) {
+            // Lifecycle calls allocate and free per-pod state: its pages go back once the
+            // burst is over.
+            crate::heap::release_soon();
+        }
         match &result {
             Ok(_) if is_read_only(rpc) => {
                 tracing::debug!(rpc, id = %ids, latency_us, code = "OK");
