@@ -92,7 +92,7 @@ async fn add_check_del(version: &str, tag: u8) {
     let attached = s.network.setup(&pod, &caps).await.expect("ADD");
     assert_eq!(attached.len(), 1);
     assert_eq!(attached[0].ifname, "eth0");
-    let ips = CniResult::parse(&attached[0].result)
+    let ips = CniResult::parse(&attached[0].result.value())
         .unwrap()
         .pod_ips("eth0");
     assert_eq!(ips.len(), 1, "{:?}", attached[0].result);
@@ -144,7 +144,7 @@ async fn add_del_with_spec_0_3_1() {
     let pod = pod(&s.root, "old");
     crius::netns::create(Path::new(&pod.netns)).await.unwrap();
     let attached = s.network.setup(&pod, &Map::new()).await.expect("ADD");
-    let ips = CniResult::parse(&attached[0].result)
+    let ips = CniResult::parse(&attached[0].result.value())
         .unwrap()
         .pod_ips("eth0");
     assert!(ips[0].starts_with("10.203.0."), "{ips:?}");

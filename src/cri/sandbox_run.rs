@@ -460,7 +460,7 @@ impl CriService {
         attachments: Vec<NetworkAttachment>,
     ) -> Result<(), Status> {
         let ips = match attachments.first() {
-            Some(first) => CniResult::parse(&first.result)
+            Some(first) => CniResult::parse(&first.result.value())
                 .map_err(internal)?
                 .pod_ips(&first.ifname),
             None => Vec::new(),
