@@ -7,7 +7,8 @@
 //! polling use (the lifecycle steps, ExecSync, PullImage of a present image, RemoveImage,
 //! and the reads, Version over a new connection among them), both daemons side by side with
 //! their ratio; then the time to bring up and tear down 50 pods (10 at a time) and the
-//! resident memory of the CRI daemons with those 50 pods running. Rounds alternate between
+//! resident memory of the CRI daemons with those 50 pods running (5 s after the last came
+//! up). Rounds alternate between
 //! the runtimes so that both see the same machine.
 //!
 //! Run with `make bench`: it starts the test bed and the CRI-enabled containerd
@@ -37,6 +38,9 @@ use crius::client::CriClient;
 const ROUNDS: usize = 20;
 const MEMORY_PODS: usize = 50;
 const BATCH: usize = 10;
+/// Memory is sampled this long after the last of the pods came up, for both daemons: a
+/// node's steady state with them, not the peak of bringing them up.
+const SETTLE: Duration = Duration::from_secs(5);
 /// The image RemoveImage removes each round (pulled again, unmeasured, before).
 const REMOVED_IMAGE: &str = "busybox-user:1000";
 
@@ -367,8 +371,8 @@ async fn one_round(runtime: &mut Runtime, name: &str) {
     images(runtime).await;
 }
 
-/// Brings up `MEMORY_PODS` pods, `BATCH` at a time, calls `with_pods_running`, then tears
-/// them down the same way; returns both wall times.
+/// Brings up `MEMORY_PODS` pods, `BATCH` at a time, calls `with_pods_running` once they have
+/// settled, then tears them down the same way; returns both wall times.
 async fn many_pods(runtime: &Runtime, with_pods_running: impl FnOnce()) -> [Duration; 2] {
     let t = Instant::now();
     let mut pods = Vec::new();
@@ -387,6 +391,7 @@ async fn many_pods(runtime: &Runtime, with_pods_running: impl FnOnce()) -> [Dura
         }
     }
     let up = t.elapsed();
+    tokio::time::sleep(SETTLE).await;
     with_pods_running();
     let t = Instant::now();
     while !pods.is_empty() {

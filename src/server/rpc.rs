@@ -156,7 +156,10 @@ impl CriServer {
         let deadline = grpc_deadline(request.metadata());
         let req = request.into_inner();
         let ids = req.log_ids();
-        let call = handler(self.service.clone(), req);
+        // On the heap at once: a handler's future is up to 30 KiB, and each move of it by
+        // value (into the deadline scope, the task, the instrumentation) put another copy
+        // in the worker's stack frame, whose pages then stay resident.
+        let call = Box::pin(handler(self.service.clone(), req));
         if is_read_only(rpc) {
             return self
                 .instrument(rpc, ids, deadline, call)
