@@ -8,8 +8,7 @@
 //! and the reads, Version over a new connection among them), both daemons side by side with
 //! their ratio; then the time to bring up and tear down 50 pods (10 at a time) and the
 //! resident memory of the CRI daemons with those 50 pods running (5 s after the last came
-//! up). Rounds alternate between
-//! the runtimes so that both see the same machine.
+//! up). Rounds alternate between the runtimes so that both see the same machine.
 //!
 //! Run with `make bench`: it starts the test bed and the CRI-enabled containerd
 //! (`CRIUS_BENCH_CRI_CONTAINERD`, its pid file in `CRIUS_BENCH_CRI_CONTAINERD_PID`; the pid
