@@ -95,9 +95,10 @@ impl CriService {
     }
 
     /// The answer for an exec that could not be made or started: the container stopped (or
-    /// was paused or removed) under it, the command cannot run in it, or a server error.
+    /// was paused, frozen by a stop in progress, or removed) under it, the command cannot
+    /// run in it, or a server error.
     async fn exec_failure(&self, id: &str, cmd: &[String], error: String) -> Status {
-        if !self.task_runs(id).await {
+        if super::runtime_errors::frozen(&error) || !self.task_runs(id).await {
             return Status::failed_precondition(format!("container {id} is not running: {error}"));
         }
         if super::runtime_errors::unexecutable(&error) {

@@ -27,6 +27,13 @@ pub(crate) fn unexecutable(message: &str) -> bool {
         .any(|reason| message.contains(reason))
 }
 
+/// Whether the runtime refused to exec because the container's cgroup is frozen: runc
+/// freezes it while it signals every process of a container being stopped (`kill --all`),
+/// so an exec racing a stop sees this while containerd still reports the task running.
+pub(crate) fn frozen(message: &str) -> bool {
+    message.contains("cannot exec in a paused container")
+}
+
 /// The code for the runtime's failure to start a container: a command its image cannot
 /// run, or a namespace it joins that is gone (its PID namespace target, or its pod's pause
 /// process, exited since it was created), is the container's state, not a server fault.
@@ -82,6 +89,14 @@ mod tests {
         ] {
             assert!(!unexecutable(message), "{message}");
         }
+    }
+
+    #[test]
+    fn an_exec_into_a_frozen_container_is_told_apart() {
+        assert!(frozen(
+            r#"containerd start task: code: 'Unknown error', message: "runc exec failed: exec failed: cannot exec in a paused container (use --ignore-paused to override): unknown""#
+        ));
+        assert!(!frozen("cannot exec in a stopped container: unknown"));
     }
 
     #[test]
