@@ -393,7 +393,7 @@ impl CriService {
                 crate::failpoint::hit("container_after_record")
                     .await
                     .map_err(internal)?;
-                Ok::<_, Status>((metadata, process_spec))
+                Ok::<_, Status>((metadata, process_spec, mounts))
             }
             .await;
             // The record holds the snapshot now: the lease goes while the container's own
@@ -405,9 +405,12 @@ impl CriService {
             };
             let (made, ()) = tokio::join!(
                 async {
-                    let (metadata, process_spec) = made?;
-                    persist_new_container(metadata, process_spec, &config, root_dir, state_dir)
-                        .await
+                    let (metadata, process_spec, rootfs) = made?;
+                    let container =
+                        persist_new_container(metadata, process_spec, &config, root_dir, state_dir)
+                            .await?;
+                    container.keep_rootfs_mounts(rootfs);
+                    Ok::<_, Status>(container)
                 },
                 lease_deleted
             );

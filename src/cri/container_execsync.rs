@@ -156,32 +156,43 @@ impl CriService {
         deadline: Option<tokio::time::Instant>,
         io: &mut ExecIo,
     ) -> Result<i32, Status> {
-        self.containerd
-            .start_task(id, exec_id)
-            .await
-            .map_err(|e| Status::internal(format!("starting exec in container {id}: {e}")))?;
+        // The wait is in flight while the process starts, as containerd's CRI does: its exit
+        // then comes back without another round trip once runc's exec returns. A wait that
+        // answers first (a command quicker than the start's reply) is kept.
+        let mut wait = std::pin::pin!(self.containerd.wait_task(id, exec_id));
+        let mut start = std::pin::pin!(self.containerd.start_task(id, exec_id));
+        let (started, early_exit) = tokio::select! {
+            started = &mut start => (started, None),
+            waited = &mut wait => (start.await, Some(waited)),
+        };
+        started.map_err(|e| Status::internal(format!("starting exec in container {id}: {e}")))?;
         // The shim opens an exec's FIFOs when it starts the process.
         io.process_created();
-        let wait = self.containerd.wait_task(id, exec_id);
-        let waited = match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
+        let waited = match (early_exit, deadline) {
+            (Some(waited), _) => waited,
+            (None, None) => wait.await,
+            (None, Some(deadline)) => match tokio::time::timeout_at(deadline, wait).await {
                 Ok(waited) => waited,
                 Err(_) => {
-                    let _ = self
-                        .containerd
-                        .kill_task(id, exec_id, nix::sys::signal::Signal::SIGKILL as u32, false)
-                        .await;
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(5),
-                        self.containerd.wait_task(id, exec_id),
-                    )
-                    .await;
+                    self.kill_timed_out_exec(id, exec_id).await;
                     return Err(Status::deadline_exceeded("timed out"));
                 }
             },
-            None => wait.await,
         };
         let exit = waited.map_err(|e| Status::internal(format!("waiting for exec: {e}")))?;
         Ok(exit.code as i32)
+    }
+
+    /// Kills an exec past its deadline and gives it a moment to go.
+    async fn kill_timed_out_exec(&self, id: &str, exec_id: &str) {
+        let _ = self
+            .containerd
+            .kill_task(id, exec_id, nix::sys::signal::Signal::SIGKILL as u32, false)
+            .await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.containerd.wait_task(id, exec_id),
+        )
+        .await;
     }
 }

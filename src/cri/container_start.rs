@@ -118,17 +118,21 @@ impl CriService {
         options: Option<prost_types::Any>,
     ) -> Result<u32, String> {
         let id = container.id();
+        let prepared = container.take_rootfs_mounts();
         let mounts = match self.container_user_namespace(container) {
             // In the pod's own user namespace: its idmapped rootfs or remapped copy.
             Some(pod) => self
                 .userns_rootfs_mounts(id, &pod)
                 .await
                 .map_err(|e| e.message().to_string())?,
-            None => self
-                .containerd
-                .snapshot_mounts(&self.config.containerd.snapshotter, id)
-                .await
-                .map_err(|e| e.to_string())?,
+            None => match prepared {
+                Some(mounts) => mounts,
+                None => self
+                    .containerd
+                    .snapshot_mounts(&self.config.containerd.snapshotter, id)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            },
         };
         let stdio = container.io.fifos().paths();
         let tty = container.metadata.config.tty;

@@ -44,12 +44,21 @@ impl CriService {
         Ok(RemoveImageResponse {})
     }
 
+    /// Deletes one name of an image. crius forgets the name first: containerd's event of
+    /// the delete then finds nothing to follow, and reads nothing back while its garbage
+    /// collection runs. A delete that fails reads the record back.
     async fn delete_image_name(&self, name: &str, collect: bool) -> Result<(), Status> {
-        self.containerd
-            .delete_image(name, collect)
-            .await
-            .map_err(|e| Status::internal(format!("failed to remove image {name}: {e}")))?;
         self.images.remove_reference(name);
-        Ok(())
+        let Err(e) = self.containerd.delete_image(name, collect).await else {
+            return Ok(());
+        };
+        if let Err(sync) =
+            crate::image::load::sync_record(&self.containerd, &self.images, name).await
+        {
+            tracing::warn!(image = %name, error = %sync, "cannot read back an image whose removal failed");
+        }
+        Err(Status::internal(format!(
+            "failed to remove image {name}: {e}"
+        )))
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::api::v1::{PodSandboxConfig, RunPodSandboxRequest, RunPodSandboxResponse};
 use containerd_client::services::v1::Container;
+use containerd_client::types::Mount;
 use tonic::Status;
 
 use super::sandbox::NETNS_NOTE;
@@ -251,7 +252,8 @@ impl CriService {
             ),
             userns_rootfs_copy: copy_rootfs,
         };
-        self.create_sandbox_container(undo, &metadata, &image, &spec, runtime, &snapshotter)
+        let rootfs = self
+            .create_sandbox_container(undo, &metadata, &image, &spec, runtime, &snapshotter)
             .await?;
         crate::failpoint::hit("sandbox_after_container")
             .await
@@ -287,7 +289,7 @@ impl CriService {
                 .map(Some)
         };
         let (task, network) = tokio::join!(
-            self.create_and_start_sandbox_task(id, &snapshotter, &metadata),
+            self.create_and_start_sandbox_task(id, rootfs, &metadata),
             network
         );
         // Undone newest first: the task goes before its network, as in StopPodSandbox.
@@ -368,7 +370,8 @@ impl CriService {
     }
 
     /// The snapshot and the containerd container, created under a short lease so garbage
-    /// collection cannot take the snapshot before the container holds it.
+    /// collection cannot take the snapshot before the container holds it; returns the
+    /// snapshot's mounts, the pause task's rootfs.
     async fn create_sandbox_container(
         &self,
         undo: &mut Undo,
@@ -377,7 +380,7 @@ impl CriService {
         spec: &oci_spec::runtime::Spec,
         runtime: &RuntimeConfig,
         snapshotter: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<Vec<Mount>, Status> {
         let id = metadata.id.as_str();
         let lease = format!("crius-sandbox-{id}");
         self.containerd
@@ -389,7 +392,8 @@ impl CriService {
             let parent = self
                 .rootfs_parent(&image.chain_id, pod_userns.as_ref(), &lease)
                 .await?;
-            self.containerd
+            let mounts = self
+                .containerd
                 .prepare_snapshot(snapshotter, id, &parent, HashMap::new(), Some(&lease))
                 .await
                 .map_err(|e| Status::internal(format!("preparing the sandbox rootfs: {e}")))?;
@@ -424,7 +428,7 @@ impl CriService {
             undo.push("delete sandbox container", async move {
                 let _ = service.containerd.delete_container(&id).await;
             });
-            Ok::<(), Status>(())
+            Ok::<Vec<Mount>, Status>(mounts)
         }
         .await;
         if let Err(e) = self.containerd.delete_lease(&lease, false).await {
@@ -476,22 +480,18 @@ impl CriService {
         Ok(())
     }
 
-    /// Creates and starts the pause task; returns its pid.
-    /// With its own user namespace, the pause process gets its idmapped rootfs or remapped
-    /// copy.
+    /// Creates and starts the pause task on `rootfs` (its snapshot's mounts); returns its
+    /// pid. With its own user namespace, the pause process gets its idmapped rootfs or
+    /// remapped copy instead.
     async fn create_and_start_sandbox_task(
         &self,
         id: &str,
-        snapshotter: &str,
+        rootfs: Vec<Mount>,
         metadata: &SandboxMetadata,
     ) -> Result<u32, Status> {
-        let mounts = if let Some(pod) = self.sandbox_user_namespace(metadata) {
-            self.userns_rootfs_mounts(id, &pod).await?
-        } else {
-            self.containerd
-                .snapshot_mounts(snapshotter, id)
-                .await
-                .map_err(internal)?
+        let mounts = match self.sandbox_user_namespace(metadata) {
+            Some(pod) => self.userns_rootfs_mounts(id, &pod).await?,
+            None => rootfs,
         };
         self.containerd
             .create_task(id, mounts, ["", "", ""], false)

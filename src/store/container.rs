@@ -100,6 +100,9 @@ pub struct Container {
     pub lifecycle: tokio::sync::Mutex<()>,
     /// Resources set by UpdateContainerResources since creation.
     resources: Mutex<Option<crate::api::v1::LinuxContainerResources>>,
+    /// The rootfs mounts its snapshot was prepared with, until StartContainer takes them
+    /// (one round trip to containerd less); not kept across a restart of crius.
+    rootfs_mounts: Mutex<Option<Vec<containerd_client::types::Mount>>>,
 }
 
 impl Container {
@@ -123,7 +126,21 @@ impl Container {
             task_deleted: std::sync::atomic::AtomicBool::new(false),
             lifecycle: tokio::sync::Mutex::new(()),
             resources: Mutex::new(None),
+            rootfs_mounts: Mutex::new(None),
         }
+    }
+
+    /// Keeps the mounts of the freshly prepared rootfs snapshot for the task's creation.
+    pub fn keep_rootfs_mounts(&self, mounts: Vec<containerd_client::types::Mount>) {
+        *self.rootfs_mounts.lock().unwrap_or_else(|p| p.into_inner()) = Some(mounts);
+    }
+
+    /// The rootfs mounts kept at creation, once.
+    pub fn take_rootfs_mounts(&self) -> Option<Vec<containerd_client::types::Mount>> {
+        self.rootfs_mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// The container's cgroup resources: updated ones, else those it was created with.
@@ -280,13 +297,11 @@ impl ContainerStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
-    #[tokio::test]
-    async fn status_changes_are_persisted_and_exit_is_signalled() {
-        let dir = tempfile::tempdir().unwrap();
-        let io = Arc::new(ContainerIo::create(&dir.path().join("io"), false, false).unwrap());
-        let path = dir.path().join("status");
-        let container = Arc::new(Container::new(
+    fn container_in(dir: &Path) -> Arc<Container> {
+        let io = Arc::new(ContainerIo::create(&dir.join("io"), false, false).unwrap());
+        Arc::new(Container::new(
             ContainerMetadata {
                 id: "c1".into(),
                 name: "n".into(),
@@ -302,10 +317,17 @@ mod tests {
                 restore_from: String::new(),
             },
             ContainerStatus::created(1),
-            path.clone(),
+            dir.join("status"),
             io,
             Box::default(),
-        ));
+        ))
+    }
+
+    #[tokio::test]
+    async fn status_changes_are_persisted_and_exit_is_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let container = container_in(dir.path());
+        let path = dir.path().join("status");
         let waiter = {
             let c = container.clone();
             tokio::spawn(async move { c.wait_exited().await })
@@ -318,5 +340,25 @@ mod tests {
         let read = read_status(&path).unwrap();
         assert_eq!(read.exit_code, 3);
         assert_eq!(read.state, ContainerState::Exited);
+    }
+
+    #[test]
+    fn the_prepared_rootfs_mounts_are_taken_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let container = container_in(dir.path());
+        assert!(container.take_rootfs_mounts().is_none());
+        let overlay = containerd_client::types::Mount {
+            r#type: "overlay".into(),
+            source: "overlay".into(),
+            options: vec![
+                "lowerdir=/l".into(),
+                "upperdir=/u".into(),
+                "workdir=/w".into(),
+            ],
+            ..Default::default()
+        };
+        container.keep_rootfs_mounts(vec![overlay.clone()]);
+        assert_eq!(container.take_rootfs_mounts(), Some(vec![overlay]));
+        assert!(container.take_rootfs_mounts().is_none());
     }
 }
