@@ -127,27 +127,29 @@ fn serve(config_path: Option<PathBuf>, log_level: Option<String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = runtime.block_on(async {
+    // The start-up and the serving futures go to the heap: held by value, their state (tens
+    // of KiB) and its moves stayed in the main thread's stack, resident for good.
+    let code = runtime.block_on(Box::pin(async {
         tracing::info!(version = env!("CARGO_PKG_VERSION"), "crius starting");
         tokio::spawn(crius::heap::release_when_quiet(
             crius::heap::QUIET,
             crius::heap::MAX_RELEASE_DELAY,
         ));
-        let service = match CriService::new(config).await {
+        let service = match Box::pin(CriService::new(config)).await {
             Ok(service) => service,
             Err(e) => {
                 tracing::error!("failed to start: {e}");
                 return ExitCode::FAILURE;
             }
         };
-        match service.run(stop_signal()).await {
+        match Box::pin(service.run(stop_signal())).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("crius stopped because of a failure: {e}");
                 ExitCode::FAILURE
             }
         }
-    });
+    }));
     // Abandoned tasks (beyond the shutdown grace) must not hold the exit.
     runtime.shutdown_background();
     code
