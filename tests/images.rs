@@ -557,6 +557,33 @@ async fn remove_image_by_tag_digest_or_id_removes_every_name_and_the_content() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_remove_whose_deletes_fail_keeps_the_image_with_every_name() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start_with_failpoints("image_delete=error").await;
+    let mut client = crius.client().await;
+    let tag = format!("{registry}/busybox:latest");
+    let id = pull(&mut client, &tag).await.unwrap();
+    let before = status(&mut client, &tag).await.unwrap();
+
+    let err = client
+        .image
+        .remove_image(RemoveImageRequest { image: spec(&tag) })
+        .await
+        .expect_err("failpoint");
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+    // crius forgot the names before deleting them; the failed deletes read them back.
+    let after = status(&mut client, &id).await.expect("image kept");
+    assert_eq!(after.repo_tags, before.repo_tags);
+    assert_eq!(after.repo_digests, before.repo_digests);
+    assert!(status(&mut client, &before.repo_digests[0]).await.is_some());
+    assert_eq!(list(&mut client).await.len(), 1);
+}
+
+#[tokio::test]
 async fn the_sandbox_image_is_pinned_and_removing_one_tag_removes_every_registrys_tags() {
     let registry = Testbed::from_env().registry;
     let alias = format!("{registry}/pinned-alias-{}:v1", std::process::id());

@@ -49,7 +49,15 @@ impl CriService {
     /// collection runs. A delete that fails reads the record back.
     async fn delete_image_name(&self, name: &str, collect: bool) -> Result<(), Status> {
         self.images.remove_reference(name);
-        let Err(e) = self.containerd.delete_image(name, collect).await else {
+        let deleted = match crate::failpoint::hit("image_delete").await {
+            Ok(()) => self
+                .containerd
+                .delete_image(name, collect)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let Err(e) = deleted else {
             return Ok(());
         };
         if let Err(sync) =
