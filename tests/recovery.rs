@@ -633,6 +633,7 @@ async fn ten_pods_come_back_identical_after_crius_is_killed() {
     let mut tickers = Vec::new();
     let mut waiter = None;
     let mut attachable = None;
+    let mut idle = None;
     for i in 0..10 {
         let mut pod = pod_with(&crius, pod_config(&format!("ten-{i}"))).await;
         let ticker = pod
@@ -654,9 +655,8 @@ async fn ten_pods_come_back_identical_after_crius_is_killed() {
             }
             // Created, never started.
             2 => {
-                pod.create(container("idle", "busybox:latest", &["true"]))
-                    .await
-                    .expect("create");
+                let config = container("idle", "busybox:latest", &["sh", "-c", "exit 3"]);
+                idle = Some(pod.create(config).await.expect("create"));
             }
             // Exits while crius is down.
             9 => {
@@ -783,6 +783,15 @@ async fn ten_pods_come_back_identical_after_crius_is_killed() {
     )
     .await;
     assert_eq!(output.stdout, "got:hello\n");
+    // A container created before the crash starts after it (its rootfs mounts are asked of
+    // containerd again: those kept from its creation died with the process).
+    let idle = idle.expect("idle");
+    pods[2].client = client.clone();
+    pods[2]
+        .start(&idle)
+        .await
+        .expect("start the idle container");
+    assert_eq!(pods[2].wait_exited(&idle).await.exit_code, 3);
 
     // Stop and remove clean up everything.
     for pod in pods {
