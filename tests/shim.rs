@@ -478,3 +478,60 @@ async fn a_hung_shim_blocks_no_other_pod() {
     stuck.remove_pod().await;
     healthy.remove_pod().await;
 }
+
+/// The shim starts a container runc created as `runc start` would, without running a
+/// second runc: a runc that logs its verbs is asked to create the container, never to
+/// start it, and the container runs (runc's state says so, and an exec works in it).
+#[tokio::test]
+async fn runc_creates_and_the_shim_itself_starts_the_container() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let verbs = bin.path().join("verbs");
+    // Named runc, as the shim starts containers itself only for runc.
+    let runc = bin.path().join("runc");
+    std::fs::write(
+        &runc,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do case $a in create|start|exec|delete|kill) echo $a >> {}; break;; esac; done\nexec /usr/sbin/runc \"$@\"\n",
+            verbs.display()
+        ),
+    )
+    .expect("write the runc wrapper");
+    std::fs::set_permissions(&runc, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let runc = runc.display().to_string();
+    let crius = Crius::start_with(
+        |c| {
+            let mut counted = c.containerd.runtimes["runc"].clone();
+            counted.options.binary_name = runc;
+            c.containerd.runtimes.insert("counted".into(), counted);
+        },
+        &[],
+    )
+    .await;
+    let mut pod = pod_on(&crius, host_network_pod_config("fifo-start"), "counted").await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (out, _, code) = pod.exec(&id, &["echo", "up"], 10).await.expect("exec");
+    assert_eq!((out.as_str(), code), ("up\n", 0));
+    let logged = std::fs::read_to_string(&verbs).expect("the wrapper's log");
+    let logged: Vec<&str> = logged.lines().collect();
+    assert_eq!(
+        logged.iter().filter(|v| **v == "create").count(),
+        2,
+        "the pod's and the app's create: {logged:?}"
+    );
+    assert!(!logged.contains(&"start"), "runc start was run: {logged:?}");
+    let state = Command::new("runc")
+        .args([
+            "--root",
+            &format!("/run/containerd/runc/{}", crius.config.containerd.namespace),
+            "state",
+            &id,
+        ])
+        .output()
+        .expect("runc state");
+    let state = String::from_utf8_lossy(&state.stdout);
+    assert!(state.contains("\"status\": \"running\""), "{state}");
+    pod.remove_pod().await;
+}

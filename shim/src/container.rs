@@ -20,6 +20,8 @@ pub struct Container {
     /// Whether the container has a PID namespace of its own: when it does not, its init's
     /// exit does not end its other processes, and the shim kills them.
     pub own_pid_namespace: bool,
+    /// Whether its spec has poststart hooks (which newer runc runs at start).
+    pub poststart_hooks: bool,
     /// The init's cgroup, found at create (a pid can be reused after the init exits).
     pub cgroup: Option<cgroups_rs::fs::Cgroup>,
     /// Held by every runtime command on the container itself (start, kill, delete, pause,
@@ -48,7 +50,7 @@ impl Container {
         runc: Runc,
         init: Arc<Process>,
         rootfs: Option<PathBuf>,
-        own_pid_namespace: bool,
+        facts: SpecFacts,
         cgroup: Option<cgroups_rs::fs::Cgroup>,
     ) -> Self {
         Self {
@@ -57,7 +59,8 @@ impl Container {
             runc,
             init,
             rootfs,
-            own_pid_namespace,
+            own_pid_namespace: facts.own_pid_namespace,
+            poststart_hooks: facts.poststart_hooks,
             cgroup,
             ops: tokio::sync::Mutex::new(()),
             execs: Mutex::new(HashMap::new()),
@@ -130,6 +133,23 @@ pub struct BundleSpec {
     pub annotations: HashMap<String, String>,
     #[serde(default)]
     pub linux: Option<LinuxSpec>,
+    #[serde(default)]
+    pub hooks: Option<HooksSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct HooksSpec {
+    #[serde(default)]
+    pub poststart: Vec<serde_json::Value>,
+}
+
+/// What the shim keeps of a container's spec.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct SpecFacts {
+    /// The container has a PID namespace of its own.
+    pub own_pid_namespace: bool,
+    /// The spec has poststart hooks.
+    pub poststart_hooks: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -159,6 +179,13 @@ impl BundleSpec {
         serde_json::from_slice(&text).map_err(std::io::Error::other)
     }
 
+    pub fn facts(&self) -> SpecFacts {
+        SpecFacts {
+            own_pid_namespace: self.own_pid_namespace(),
+            poststart_hooks: self.hooks.as_ref().is_some_and(|h| !h.poststart.is_empty()),
+        }
+    }
+
     pub fn own_pid_namespace(&self) -> bool {
         self.linux.as_ref().is_some_and(|l| {
             l.namespaces
@@ -186,5 +213,18 @@ mod tests {
         assert!(!joined.own_pid_namespace());
         let host: BundleSpec = serde_json::from_str(r#"{"linux":{}}"#).expect("spec");
         assert!(!host.own_pid_namespace());
+    }
+
+    #[test]
+    fn poststart_hooks_are_noticed() {
+        let hooked: BundleSpec =
+            serde_json::from_str(r#"{"hooks":{"prestart":[],"poststart":[{"path":"/bin/true"}]}}"#)
+                .expect("spec");
+        assert!(hooked.facts().poststart_hooks);
+        let other: BundleSpec =
+            serde_json::from_str(r#"{"hooks":{"createRuntime":[{"path":"/bin/true"}]}}"#)
+                .expect("spec");
+        assert!(!other.facts().poststart_hooks);
+        assert_eq!(BundleSpec::default().facts(), SpecFacts::default());
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use containerd_shim_protos::api::Mount;
 use containerd_shim_protos::events::task::{TaskCreate, TaskIO, TaskOOM};
 
-use crate::container::{BundleSpec, Container};
+use crate::container::{BundleSpec, Container, SpecFacts};
 use crate::error::ShimError;
 use crate::events::topic;
 use crate::pod::Pod;
@@ -49,8 +49,7 @@ impl Shim {
             return Err(ShimError::AlreadyExists(format!("container {id}")));
         }
         let runc = crate::runc::runc_for(&runc, &self.namespace, &bundle);
-        let (own_pid_namespace, rootfs) =
-            prepare_bundle(&bundle, &runc, rootfs, self.pod()).await?;
+        let (facts, rootfs) = prepare_bundle(&bundle, &runc, rootfs, self.pod()).await?;
 
         // Exits of the new init are kept from here until its pid is registered.
         let starting = self.begin_starting();
@@ -77,7 +76,7 @@ impl Shim {
             runc,
             init.clone(),
             rootfs,
-            own_pid_namespace,
+            facts,
             cgroup,
         ));
         if checkpoint.is_some() {
@@ -172,7 +171,7 @@ impl Shim {
 }
 
 /// Gives a container of a pod the shim holds the pod's files, reads the bundle's spec
-/// (whether the container has a PID namespace of its own), keeps the runtime in the bundle
+/// (its PID namespace and poststart hooks), keeps the runtime in the bundle
 /// and mounts the rootfs: off the runtime thread, since a hung mount or disk must not stop
 /// the whole pod.
 async fn prepare_bundle(
@@ -180,7 +179,7 @@ async fn prepare_bundle(
     runc: &Runc,
     mounts: Vec<Mount>,
     pod: Option<Arc<Pod>>,
-) -> Result<(bool, Option<PathBuf>), ShimError> {
+) -> Result<(SpecFacts, Option<PathBuf>), ShimError> {
     let bundle = bundle.to_path_buf();
     let runc = runc.clone();
     tokio::task::spawn_blocking(move || {
@@ -193,7 +192,7 @@ async fn prepare_bundle(
             .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))?;
         crate::bundle::save_runc(&bundle, &runc)?;
         let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts, userns.as_deref())?;
-        Ok((spec.own_pid_namespace(), rootfs))
+        Ok((spec.facts(), rootfs))
     })
     .await
     .map_err(|e| ShimError::Internal(format!("prepare bundle: {e}")))?

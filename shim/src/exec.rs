@@ -49,7 +49,15 @@ impl Shim {
         let _ops = container.ops.lock().await;
         let init = &container.init;
         if !container.is_restored() {
-            container.runc.start(&self.reaper, &container.id).await?;
+            container
+                .runc
+                .start_created(
+                    &self.reaper,
+                    &container.id,
+                    init.pid(),
+                    container.poststart_hooks,
+                )
+                .await?;
         }
         init.set_status(Status::RUNNING);
         let pid = init.pid();

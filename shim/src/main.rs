@@ -11,6 +11,7 @@ mod delete;
 mod error;
 mod events;
 mod exec;
+mod exec_fifo;
 mod holder;
 mod idmap;
 mod info;

@@ -180,6 +180,35 @@ impl Runc {
         self.run_with_stdio(reaper, "exec", command, stdio).await
     }
 
+    /// Starts a created container: as `runc start` does it, in the shim (see `exec_fifo`),
+    /// when the runtime is runc and the start asks nothing else of it; else `runc start`.
+    pub async fn start_created(
+        &self,
+        reaper: &Reaper,
+        id: &str,
+        init_pid: i32,
+        poststart_hooks: bool,
+    ) -> Result<(), RuncError> {
+        if self.is_runc() && !poststart_hooks && std::env::var_os("NOTIFY_SOCKET").is_none() {
+            match crate::exec_fifo::start(&self.root.join(id), init_pid).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(RuncError::Failed {
+                        verb: "start",
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+        self.start(reaper, id).await
+    }
+
+    /// Whether the runtime is runc itself (whose state directory the shim knows).
+    fn is_runc(&self) -> bool {
+        Path::new(&self.binary).file_name() == Some(std::ffi::OsStr::new("runc"))
+    }
+
     pub async fn start(&self, reaper: &Reaper, id: &str) -> Result<(), RuncError> {
         self.run(reaper, "start", self.command(&["start", id]), None)
             .await
