@@ -62,6 +62,10 @@ pub struct Runc {
     pub no_new_keyring: bool,
     /// runc's JSON log for this bundle: where create and exec put their errors.
     pub log: PathBuf,
+    /// `binary` found on the PATH once: spawning by a bare name tries `execve` in every
+    /// PATH directory before the right one, on every call.
+    #[serde(skip)]
+    pub program: Option<PathBuf>,
 }
 
 /// The stdio a created process gets (none: /dev/null).
@@ -96,7 +100,10 @@ pub struct CheckpointFlags {
 
 impl Runc {
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(&self.binary);
+        let mut command = match &self.program {
+            Some(program) => Command::new(program),
+            None => Command::new(&self.binary),
+        };
         command
             .arg("--root")
             .arg(&self.root)
@@ -485,12 +492,52 @@ pub fn runc_for(options: &RuncOptions, namespace: &str, bundle: &Path) -> Runc {
         no_pivot_root: options.no_pivot_root,
         no_new_keyring: options.no_new_keyring,
         log: bundle.join("log.json"),
+        program: find_program(binary, std::env::var_os("PATH").as_deref()),
     }
+}
+
+/// Where `binary` is found as `execvp` would find it: itself when it names a path, else
+/// the first executable file of that name in a `path` directory. None: not found (the
+/// spawn then fails with the usual error).
+pub fn find_program(binary: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if binary.contains('/') {
+        return Some(PathBuf::from(binary));
+    }
+    std::env::split_paths(path?)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(binary))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_is_found_on_the_path_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dirs = [
+            tempfile::tempdir().expect("tempdir"),
+            tempfile::tempdir().expect("tempdir"),
+        ];
+        // Not executable in the first directory, executable in the second.
+        std::fs::write(dirs[0].path().join("rt"), "").expect("write");
+        let runnable = dirs[1].path().join("rt");
+        std::fs::write(&runnable, "").expect("write");
+        std::fs::set_permissions(&runnable, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let path = std::env::join_paths(dirs.iter().map(|d| d.path())).expect("join");
+        assert_eq!(find_program("rt", Some(&path)), Some(runnable));
+        assert_eq!(find_program("missing", Some(&path)), None);
+        assert_eq!(
+            find_program("/opt/rt/runc", Some(&path)),
+            Some(PathBuf::from("/opt/rt/runc"))
+        );
+        assert_eq!(find_program("rt", None), None);
+    }
 
     #[test]
     fn the_last_error_in_runcs_log_is_the_message() {
