@@ -323,6 +323,8 @@ pub struct CniConfig {
     pub plugin_timeout: Duration,
     /// Where CNI results are cached (libcni's layout: `<cache_dir>/results/...`).
     pub cache_dir: PathBuf,
+    /// Bring up a pod's `lo` without the loopback plugin (containerd's option of the name).
+    pub use_internal_loopback: bool,
 }
 
 impl Default for CniConfig {
@@ -334,6 +336,7 @@ impl Default for CniConfig {
             conf_template: String::new(),
             plugin_timeout: Duration::from_secs(60),
             cache_dir: PathBuf::from("/var/lib/cni"),
+            use_internal_loopback: true,
         }
     }
 }
@@ -751,6 +754,8 @@ conf_template = ""
 plugin_timeout = "1m"
 # Where CNI results are cached, in libcni's layout (<cache_dir>/results/...).
 cache_dir = "/var/lib/cni"
+# Bring up each pod's lo itself rather than with the loopback plugin (a process per pod).
+use_internal_loopback = true
 
 [image]
 # The pause image for pod sandboxes. Empty: crius's built-in pause image.

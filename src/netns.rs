@@ -33,24 +33,83 @@ pub fn new_path() -> PathBuf {
 
 /// Creates a network namespace pinned at `path`.
 pub async fn create(path: &Path) -> Result<(), NetnsError> {
+    on_a_thread_of_its_own(path, "create", create_on_this_thread).await
+}
+
+/// Brings `lo` up in the pinned namespace at `path`: what the loopback CNI plugin does on
+/// ADD, without starting a plugin process for every pod (5-17 ms each on the development
+/// VM, on the way of RunPodSandbox).
+pub async fn loopback_up(path: &Path) -> Result<(), NetnsError> {
+    on_a_thread_of_its_own(path, "bring lo up", |path| {
+        enter(path)?;
+        set_loopback_up().map_err(|e| fail(path, "bring lo up", e))
+    })
+    .await
+}
+
+/// Runs `work` on a thread of its own that ends right after, so no thread that runs
+/// anything else ever changes namespace.
+async fn on_a_thread_of_its_own(
+    path: &Path,
+    op: &'static str,
+    work: fn(&Path) -> Result<(), NetnsError>,
+) -> Result<(), NetnsError> {
     let path = path.to_path_buf();
-    let target = path.clone();
     tokio::task::spawn_blocking(move || {
-        // The unshare happens on a thread of its own that ends right after, so no thread
-        // that runs anything else ever changes namespace.
+        let target = path.clone();
         std::thread::Builder::new()
             .name("crius-netns".to_string())
-            .spawn(move || create_on_this_thread(&target))
+            .spawn(move || work(&target))
             .map_err(|e| fail(&path, "spawn thread", e))?
             .join()
-            .map_err(|_| fail(&path, "create", "namespace thread panicked"))?
+            .map_err(|_| fail(&path, op, "namespace thread panicked"))?
     })
     .await
     .map_err(|e| NetnsError {
         path: PathBuf::new(),
-        op: "create",
+        op,
         reason: e.to_string(),
     })?
+}
+
+/// Moves this thread into the network namespace pinned at `path`.
+fn enter(path: &Path) -> Result<(), NetnsError> {
+    let namespace = std::fs::File::open(path).map_err(|e| fail(path, "open", e))?;
+    nix::sched::setns(&namespace, CloneFlags::CLONE_NEWNET).map_err(|e| fail(path, "setns", e))
+}
+
+/// Sets `IFF_UP` on `lo` of this thread's network namespace.
+fn set_loopback_up() -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just returned and nothing else owns it.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut request = loopback_request();
+    // SAFETY: SIOCGIFFLAGS fills the flags of the interface the request names.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut request) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the flags are the member of the union SIOCGIFFLAGS filled.
+    unsafe { request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads the request, which names lo and carries its flags.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS as _, &request) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An interface request naming `lo`.
+fn loopback_request() -> libc::ifreq {
+    // SAFETY: ifreq is plain data, for which all zeroes is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (to, from) in request.ifr_name.iter_mut().zip(b"lo") {
+        *to = *from as libc::c_char;
+    }
+    request
 }
 
 fn create_on_this_thread(path: &Path) -> Result<(), NetnsError> {
@@ -121,5 +180,41 @@ mod tests {
         remove(&path).await.unwrap();
         assert!(!path.exists());
         remove(&path).await.unwrap();
+    }
+
+    /// Whether `lo` is up in the namespace pinned at `path`, asked from a thread of its own.
+    fn loopback_is_up(path: &Path) -> bool {
+        let path = path.to_path_buf();
+        std::thread::spawn(move || {
+            use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+            enter(&path).unwrap();
+            let fd =
+                unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+            assert!(fd >= 0);
+            let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+            let mut request = loopback_request();
+            let read =
+                unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut request) };
+            assert!(read >= 0, "{}", std::io::Error::last_os_error());
+            let flags = unsafe { request.ifr_ifru.ifru_flags };
+            flags & libc::IFF_UP as libc::c_short != 0
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn loopback_comes_up_in_the_pinned_namespace_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cni-lo");
+        create(&path).await.unwrap();
+        assert!(!loopback_is_up(&path), "a new namespace's lo is down");
+        loopback_up(&path).await.unwrap();
+        assert!(loopback_is_up(&path));
+        // Twice is fine (a retried sandbox).
+        loopback_up(&path).await.unwrap();
+        remove(&path).await.unwrap();
+        let gone = loopback_up(&path).await.unwrap_err();
+        assert_eq!(gone.op, "open", "{gone}");
     }
 }

@@ -159,6 +159,48 @@ fn assert_no_trace(crius: &Crius, id: &str, netns: &str, network: &TestNetwork) 
     assert_eq!(leases.trim(), "", "leases left");
 }
 
+/// crius brings a pod's lo up itself (`cni.use_internal_loopback`, the default): with CNI
+/// plugins that lack `loopback` the pod still comes up with lo up; asked to use the plugin
+/// instead, RunPodSandbox fails for want of it.
+#[tokio::test]
+async fn lo_comes_up_without_the_loopback_plugin_unless_it_is_asked_for() {
+    let bin = tempfile::tempdir().unwrap();
+    for plugin in ["bridge", "host-local", "portmap"] {
+        std::os::unix::fs::symlink(
+            Path::new("/usr/lib/cni").join(plugin),
+            bin.path().join(plugin),
+        )
+        .unwrap();
+    }
+    for internal in [true, false] {
+        let mut network = None;
+        let crius = Crius::start_with(
+            |c| {
+                network = Some(TestNetwork::install(c, 99));
+                c.cni.bin_dirs = vec![bin.path().to_path_buf()];
+                c.cni.use_internal_loopback = internal;
+            },
+            &[],
+        )
+        .await;
+        let mut client = crius.client().await;
+        let ran = run(&mut client, pod_config("lo")).await;
+        if !internal {
+            let e = ran.expect_err("no loopback plugin to run");
+            assert!(e.message().contains("loopback"), "{e:?}");
+            continue;
+        }
+        let id = ran.expect("run pod");
+        let (_, info) = sandbox_status(&mut client, &id).await;
+        let netns = info["netNamespace"].as_str().unwrap().to_string();
+        let (ok, out) = sh(&format!("nsenter --net={netns} ip -o link show lo"));
+        assert!(ok && out.contains(",UP"), "lo: {out}");
+        stop(&mut client, &id).await;
+        remove(&mut client, &id).await;
+        drop(network);
+    }
+}
+
 #[tokio::test]
 async fn a_pod_gets_an_ip_that_answers_ping_loopback_and_its_files() {
     let mut network = None;

@@ -227,7 +227,7 @@ pub fn cni(config: &Config) -> Vec<Finding> {
         .networks
         .iter()
         .flat_map(|n| n.plugin_types())
-        .chain(["loopback"])
+        .chain((!cni.use_internal_loopback).then_some("loopback"))
         .filter(|plugin| !cni.bin_dirs.iter().any(|dir| dir.join(plugin).is_file()))
         .collect();
     missing.sort_unstable();
@@ -376,10 +376,15 @@ mod tests {
         assert!(findings[0].detail.contains(": net"), "{findings:?}");
         let plugins = findings.last().unwrap();
         assert_eq!(plugins.outcome, Outcome::Fail);
+        assert!(plugins.detail.ends_with(": portmap"), "{plugins:?}");
+        // The loopback plugin is wanted only when crius does not bring lo up itself.
+        config.cni.use_internal_loopback = false;
+        let plugins = cni(&config).pop().unwrap();
         assert!(
             plugins.detail.ends_with(": loopback, portmap"),
             "{plugins:?}"
         );
+        config.cni.use_internal_loopback = true;
 
         config.cni.conf_dir = dir.path().join("empty");
         assert_eq!(cni(&config)[0].outcome, Outcome::Fail);

@@ -5,7 +5,8 @@
 //! is one, so a pod is torn down as it was set up even after the conf dir changed or the
 //! netns is gone. Results are cached in libcni's on-disk format
 //! (`<cache dir>/results/<network>-<container id>-<ifname>`), so other CNI tools read them.
-//! Every pod also gets the loopback plugin on `lo`.
+//! Every pod's `lo` is brought up too: by crius itself (`cni.use_internal_loopback`, the
+//! default), or by the loopback plugin.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -40,6 +41,8 @@ pub enum CniError {
     Io { plugin: String, reason: String },
     #[error("CNI result cache {path}: {reason}")]
     Cache { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Loopback(#[from] crate::netns::NetnsError),
 }
 
 /// A plugin that ran and reported failure.
@@ -131,6 +134,8 @@ pub struct CniNetwork {
     bin_dirs: Vec<PathBuf>,
     cache_dir: PathBuf,
     plugin_timeout: Duration,
+    /// `lo` is brought up by crius, not by the loopback plugin.
+    internal_loopback: bool,
 }
 
 const LOOPBACK_NETWORK: &str = "cni-loopback";
@@ -159,7 +164,14 @@ impl CniNetwork {
             bin_dirs,
             cache_dir,
             plugin_timeout,
+            internal_loopback: false,
         }
+    }
+
+    /// Brings pods' `lo` up without the loopback plugin.
+    pub fn with_internal_loopback(mut self, internal: bool) -> Self {
+        self.internal_loopback = internal;
+        self
     }
 
     /// Adds the pod to loopback and every loaded network (eth0, eth1, ...), caching each
@@ -174,9 +186,12 @@ impl CniNetwork {
             .result
             .as_ref()
             .map_err(|e| CniError::NotReady(e.clone()))?;
-        let no_caps = Map::new();
-        self.add_list(&loopback_network(), "lo", pod, &no_caps)
-            .await?;
+        if self.internal_loopback {
+            crate::netns::loopback_up(Path::new(&pod.netns)).await?;
+        } else {
+            self.add_list(&loopback_network(), "lo", pod, &Map::new())
+                .await?;
+        }
         let mut attached = Vec::new();
         for (i, network) in loaded.networks.iter().enumerate() {
             let ifname = format!("eth{i}");
@@ -273,11 +288,13 @@ impl CniNetwork {
                 tracing::warn!(path = %entry.path.display(), error = %e, "cannot remove CNI cache entry");
             }
         }
-        // Loopback needs no teardown beyond its namespace going away, but DEL is cheap
-        // and keeps plugins that track it honest.
-        let _ = self
-            .del_list(&loopback_network(), "lo", pod, &Map::new(), None)
-            .await;
+        // Loopback needs no teardown beyond its namespace going away; the plugin, when it
+        // brought lo up, gets its DEL to keep plugins that track it honest.
+        if !self.internal_loopback {
+            let _ = self
+                .del_list(&loopback_network(), "lo", pod, &Map::new(), None)
+                .await;
+        }
         Ok(())
     }
 

@@ -147,11 +147,6 @@ const CNI_RULES: &[Rule] = &[
         neutral: any,
         reason: "",
     },
-    Rule {
-        key: "use_internal_loopback",
-        neutral: is_false,
-        reason: "crius brings up lo with the loopback CNI plugin (it must be in cni.bin_dirs)",
-    },
 ];
 
 const SERVER_RULES: &[Rule] = &[Rule {
@@ -260,6 +255,11 @@ fn cni(sec: &mut Section<'_>, ctx: &mut Ctx) {
     }
     if let Some(template) = sec.string("conf_template", &mut ctx.report) {
         ctx.config.cni.conf_template = template;
+    }
+    // Either way a pod's lo comes up; containerd's default (false: its loopback plugin) is
+    // a choice of mechanism, and crius keeps its own default, which brings lo up itself.
+    if sec.bool("use_internal_loopback", &mut ctx.report) == Some(true) {
+        ctx.config.cni.use_internal_loopback = true;
     }
     sec.unsupported(CNI_RULES, &mut ctx.report);
 }

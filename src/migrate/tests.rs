@@ -392,7 +392,12 @@ fn v3_split_plugins() {
     assert!(not_carried(&m, &format!("{runtimes}.kata")).contains("runtime_path"));
     not_carried(&m, &format!("{runtimes}.runc.cgroup_writable"));
     not_carried(&m, &format!("{runtimes}.shimmed.sandboxer"));
-    not_carried(&m, &format!("{V3_RUNTIME}.cni.use_internal_loopback"));
+    assert!(c.cni.use_internal_loopback);
+    assert!(
+        m.report
+            .find(&format!("{V3_RUNTIME}.cni.use_internal_loopback"))
+            .is_none()
+    );
     // Settings at crius's own behaviour are quiet.
     assert!(
         m.report

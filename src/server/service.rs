@@ -168,7 +168,8 @@ impl CriService {
             config.cni.bin_dirs.clone(),
             config.cni.cache_dir.clone(),
             config.cni.plugin_timeout,
-        );
+        )
+        .with_internal_loopback(config.cni.use_internal_loopback);
         let oom_score_floor = oom_score_floor(config.restrict_oom_score_adj);
 
         let cgroups = crate::stats::CgroupLayout::detect();
