@@ -148,7 +148,58 @@ pub async fn remove(path: &Path) -> Result<(), NetnsError> {
 }
 
 fn remove_blocking(path: &Path) -> Result<(), NetnsError> {
-    crate::mount::unpin(path).map_err(|(op, e)| fail(path, op, e))
+    match crate::mount::unpin(path) {
+        Err(("remove", reason)) if path.exists() => {
+            let target = path.to_path_buf();
+            std::thread::Builder::new()
+                .name("crius-netns".to_string())
+                .spawn(move || remove_hidden(&target))
+                .map_err(|e| fail(path, "spawn thread", e))?
+                .join()
+                .map_err(|_| fail(path, "remove", "namespace thread panicked"))?
+                .map_err(|e| fail(path, "remove", format!("{reason}; {e}")))
+        }
+        other => other.map_err(|(op, e)| fail(path, op, e)),
+    }
+}
+
+/// How many mounts `remove_hidden` peels off the directory at most.
+const MAX_COVERS: usize = 8;
+
+/// Removes a pin that a later mount of its directory hides. `ip netns add` bind-mounts
+/// /var/run/netns onto itself (with what is mounted under it) when it is not a mount point:
+/// the unmount then reaches only the copy, the original stays where no path leads, and the
+/// file cannot be removed while it is mounted. On this thread (which ends right after),
+/// with a private copy of the mount table, the directory's covering mounts are peeled
+/// until the file can be removed; removing it detaches the original in the node's mount
+/// namespace too (the kernel lazily unmounts what is mounted on an unlinked file
+/// elsewhere). Nothing undone here reaches the node: the copy is private.
+fn remove_hidden(path: &Path) -> Result<(), String> {
+    let dir = path.parent().ok_or("the pin has no directory")?;
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS)
+        .map_err(|e| format!("unshare the mount namespace: {e}"))?;
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make the mount table private: {e}"))?;
+    for _ in 0..MAX_COVERS {
+        while nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+        match std::fs::remove_file(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(_) => {}
+        }
+        nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| format!("still mounted under {}: {e}", dir.display()))?;
+    }
+    Err(format!(
+        "still mounted under {} after {MAX_COVERS} covering mounts",
+        dir.display()
+    ))
 }
 
 /// Whether `path` is a pinned namespace (a mounted nsfs file).
@@ -201,6 +252,39 @@ mod tests {
         })
         .join()
         .unwrap()
+    }
+
+    /// `ip netns add` on the node bind-mounts the netns directory onto itself with what is
+    /// under it: a namespace pinned before is still removed, and its original mount goes.
+    #[tokio::test]
+    async fn a_pin_hidden_by_a_later_mount_of_its_directory_is_still_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cni-hidden");
+        create(&path).await.unwrap();
+        nix::mount::mount(
+            Some(dir.path()),
+            dir.path(),
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .unwrap();
+        let mounts_at = |p: &Path| {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .lines()
+                .filter(|l| l.split(' ').nth(4) == Some(&*p.to_string_lossy()))
+                .count()
+        };
+        assert_eq!(mounts_at(&path), 2, "the pin and its copy");
+        let removed = remove(&path).await;
+        // The node's cover stays: the removal peeled it only in a private copy.
+        let covered = mounts_at(dir.path());
+        let _ = nix::mount::umount2(dir.path(), nix::mount::MntFlags::MNT_DETACH);
+        removed.unwrap();
+        assert_eq!(covered, 1, "the directory's cover is left alone");
+        assert!(!path.exists());
+        assert_eq!(mounts_at(&path), 0, "the hidden original is detached too");
     }
 
     #[tokio::test]
