@@ -186,11 +186,20 @@ fn remove_hidden(path: &Path) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("make the mount table private: {e}"))?;
-    for _ in 0..MAX_COVERS {
-        while nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+    for peeled in 0..MAX_COVERS {
+        for _ in 0..MAX_COVERS {
+            if nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
         match std::fs::remove_file(path) {
             Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            // Gone before anything was peeled: removed meanwhile. Gone under a peeled
+            // cover of another file system: the pin is not down this way.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && peeled == 0 => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(format!("not found under the mounts of {}", dir.display()));
+            }
             Err(_) => {}
         }
         nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH)
