@@ -111,6 +111,71 @@ fn cgroup_finding(
     }
 }
 
+/// Whether moving a process into a cgroup is cheap. Without `favordynmods` the kernel
+/// guards every move (runc's write of a pid to `cgroup.procs`, once for each container start
+/// and each exec) with one global lock whose writer waits for an RCU grace period: 10-30 ms
+/// on the development VM whenever the node was quiet for a moment, as between kubelet's exec
+/// probes. With it a move waits for no grace period (from Linux 6.18 it takes a lock of the
+/// process's thread group only).
+pub fn cgroup_moves() -> Option<Finding> {
+    cgroup_moves_finding(&read("/proc/self/mountinfo"))
+}
+
+/// A cgroup mount in `/proc/self/mountinfo`: where, whether v2, and its super options.
+struct CgroupMount<'a> {
+    point: &'a str,
+    v2: bool,
+    options: &'a str,
+}
+
+fn cgroup_mounts(mountinfo: &str) -> impl Iterator<Item = CgroupMount<'_>> {
+    mountinfo.lines().filter_map(|line| {
+        let (mount, fs) = line.split_once(" - ")?;
+        let point = mount.split_whitespace().nth(4)?;
+        let mut fs = fs.split_whitespace();
+        let v2 = match fs.next()? {
+            "cgroup2" => true,
+            "cgroup" => false,
+            _ => return None,
+        };
+        let options = fs.nth(1).unwrap_or_default();
+        Some(CgroupMount { point, v2, options })
+    })
+}
+
+fn cgroup_moves_finding(mountinfo: &str) -> Option<Finding> {
+    let mounts: Vec<CgroupMount> = cgroup_mounts(mountinfo).collect();
+    if mounts.is_empty() {
+        // The cgroups check fails already.
+        return None;
+    }
+    let favored = mounts
+        .iter()
+        .any(|m| m.options.split(',').any(|o| o == "favordynmods"));
+    if favored {
+        return Some(Finding::pass(
+            "cgroup moves",
+            "favordynmods: moving a process into a pod's cgroups takes no global lock",
+        ));
+    }
+    let remount = mounts
+        .iter()
+        .find(|m| m.v2)
+        .map(|m| {
+            format!(
+                "mount -o remount,favordynmods {} (Linux 6.18 keeps it until reboot), or ",
+                m.point
+            )
+        })
+        .unwrap_or_default();
+    Some(Finding::warn(
+        "cgroup moves",
+        "no favordynmods: every container start and exec may wait for an RCU grace period \
+         to move its process into the pod's cgroups (10-30 ms on a quiet node)",
+        format!("{remount}boot with cgroup_favordynmods=true; forks and exits cost a little more"),
+    ))
+}
+
 /// Whether crius can give pods OOM score adjustments below its own.
 pub fn oom_scores(config: &Config) -> Finding {
     let own = read("/proc/self/oom_score_adj").trim().parse().unwrap_or(0);
@@ -344,6 +409,39 @@ mod tests {
         assert_eq!(found.outcome, Outcome::Warn);
         assert!(found.fix.unwrap().contains("failCgroupV1"));
         assert_eq!(cgroup_finding(None, false, true).outcome, Outcome::Fail);
+    }
+
+    #[test]
+    fn cgroup_moves_want_favordynmods_on_a_cgroup_mount() {
+        use crate::check::Outcome;
+        let hybrid = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
+                      30 25 0:27 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+        let found = cgroup_moves_finding(hybrid).expect("a finding");
+        assert_eq!(found.outcome, Outcome::Warn);
+        let fix = found.fix.expect("a fix");
+        assert!(
+            fix.contains("remount,favordynmods /sys/fs/cgroup/unified"),
+            "the v2 mount is named: {fix}"
+        );
+        let v1_only = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        let fix = cgroup_moves_finding(v1_only)
+            .and_then(|f| f.fix)
+            .expect("a fix");
+        assert!(!fix.contains("remount"), "v1 takes it at boot only: {fix}");
+        assert!(fix.contains("cgroup_favordynmods=true"), "{fix}");
+        let favored =
+            "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate,favordynmods\n";
+        assert_eq!(
+            cgroup_moves_finding(favored).map(|f| f.outcome),
+            Some(Outcome::Pass)
+        );
+        // The option on a mount's own flags (left of " - ") is not the file system's.
+        let not_super = "29 23 0:26 / /sys/fs/cgroup rw,favordynmods - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup_moves_finding(not_super).map(|f| f.outcome),
+            Some(Outcome::Warn)
+        );
+        assert!(cgroup_moves_finding("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n").is_none());
     }
 
     #[test]

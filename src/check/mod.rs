@@ -117,6 +117,7 @@ pub async fn run(config: &Config) -> Report {
         .findings
         .extend(runtimes::check_runtimes(config).await);
     report.findings.push(host::cgroups(config));
+    report.findings.extend(host::cgroup_moves());
     report.findings.push(host::oom_scores(config));
     report.findings.push(host::security_modules());
     report.findings.extend(host::cni(config));
