@@ -57,6 +57,17 @@ fn the_test_bed_passes_every_check() {
         "warn cgroups: v1 (or hybrid), driver cgroupfs -> kubelet 1.35 and later refuse cgroup v1"
     };
     assert!(text.contains(cgroups), "{cgroups:?} missing:\n{text}");
+    // Whether a cgroup mount has favordynmods, read from the mount table here.
+    let favored = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" cgroup") && l.contains("favordynmods"));
+    let moves = if favored {
+        "ok   cgroup moves: favordynmods"
+    } else {
+        "warn cgroup moves: no favordynmods"
+    };
+    assert!(text.contains(moves), "{moves:?} missing:\n{text}");
     let oom = if has_sys_resource() {
         "ok   OOM scores: crius may lower them (CAP_SYS_RESOURCE)"
     } else {
