@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::Finding;
 use crate::config::{Config, RestrictOomScoreAdj};
-use crate::stats::cgroup::CgroupLayout;
+use crate::stats::cgroup::{CgroupLayout, CgroupMount, cgroup_mounts};
 
 /// CAP_SYS_RESOURCE, which lowering an OOM score adjustment needs.
 const CAP_SYS_RESOURCE: u32 = 24;
@@ -121,28 +121,6 @@ pub fn cgroup_moves() -> Option<Finding> {
     cgroup_moves_finding(&read("/proc/self/mountinfo"))
 }
 
-/// A cgroup mount in `/proc/self/mountinfo`: where, whether v2, and its super options.
-struct CgroupMount<'a> {
-    point: &'a str,
-    v2: bool,
-    options: &'a str,
-}
-
-fn cgroup_mounts(mountinfo: &str) -> impl Iterator<Item = CgroupMount<'_>> {
-    mountinfo.lines().filter_map(|line| {
-        let (mount, fs) = line.split_once(" - ")?;
-        let point = mount.split_whitespace().nth(4)?;
-        let mut fs = fs.split_whitespace();
-        let v2 = match fs.next()? {
-            "cgroup2" => true,
-            "cgroup" => false,
-            _ => return None,
-        };
-        let options = fs.nth(1).unwrap_or_default();
-        Some(CgroupMount { point, v2, options })
-    })
-}
-
 fn cgroup_moves_finding(mountinfo: &str) -> Option<Finding> {
     let mounts: Vec<CgroupMount> = cgroup_mounts(mountinfo).collect();
     if mounts.is_empty() {
@@ -151,7 +129,7 @@ fn cgroup_moves_finding(mountinfo: &str) -> Option<Finding> {
     }
     let favored = mounts
         .iter()
-        .any(|m| m.options.split(',').any(|o| o == "favordynmods"));
+        .any(|m| m.super_options.split(',').any(|o| o == "favordynmods"));
     if favored {
         return Some(Finding::pass(
             "cgroup moves",

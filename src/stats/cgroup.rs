@@ -105,6 +105,39 @@ pub struct MemoryUsage {
     pub swap_limit: Option<u64>,
 }
 
+/// One cgroup file system mount in mountinfo.
+pub struct CgroupMount<'a> {
+    /// The directory of the hierarchy that is mounted.
+    pub root: &'a str,
+    pub point: &'a str,
+    /// cgroup2 rather than a v1 hierarchy.
+    pub v2: bool,
+    /// The file system's own options (for v1 its controllers), not the mount's flags.
+    pub super_options: &'a str,
+}
+
+/// The cgroup mounts (v1 and v2) in a mountinfo text.
+pub fn cgroup_mounts(mountinfo: &str) -> impl Iterator<Item = CgroupMount<'_>> {
+    mountinfo.lines().filter_map(|line| {
+        let (mount, fs) = line.split_once(" - ")?;
+        let mut fields = mount.split(' ').skip(3);
+        let (root, point) = (fields.next()?, fields.next()?);
+        let mut fs = fs.split(' ');
+        let v2 = match fs.next()? {
+            "cgroup2" => true,
+            "cgroup" => false,
+            _ => return None,
+        };
+        let super_options = fs.nth(1)?;
+        Some(CgroupMount {
+            root,
+            point,
+            v2,
+            super_options,
+        })
+    })
+}
+
 /// Limits at or above this are "unlimited" (v1 reports a page-rounded i64::MAX).
 const UNLIMITED: u64 = 1 << 62;
 
@@ -119,30 +152,18 @@ impl CgroupLayout {
     pub fn from_mountinfo(mountinfo: &str) -> Option<Self> {
         let mut controllers = HashMap::new();
         let mut unified = None;
-        for line in mountinfo.lines() {
-            let Some((before, after)) = line.split_once(" - ") else {
-                continue;
-            };
-            let fields: Vec<&str> = before.split(' ').collect();
-            let rest: Vec<&str> = after.split(' ').collect();
-            if fields.len() < 5 || rest.len() < 3 {
+        for m in cgroup_mounts(mountinfo) {
+            let (mount, root) = (PathBuf::from(m.point), PathBuf::from(m.root));
+            if m.v2 {
+                unified.get_or_insert((mount, root));
                 continue;
             }
-            let (root, mount) = (PathBuf::from(fields[3]), PathBuf::from(fields[4]));
-            match rest[0] {
-                "cgroup2" => {
-                    unified.get_or_insert((mount, root));
+            for option in m.super_options.split(',') {
+                if matches!(option, "cpu" | "cpuacct" | "memory" | "pids") {
+                    controllers
+                        .entry(option.to_string())
+                        .or_insert((mount.clone(), root.clone()));
                 }
-                "cgroup" => {
-                    for option in rest[2].split(',') {
-                        if matches!(option, "cpu" | "cpuacct" | "memory" | "pids") {
-                            controllers
-                                .entry(option.to_string())
-                                .or_insert((mount.clone(), root.clone()));
-                        }
-                    }
-                }
-                _ => {}
             }
         }
         if !controllers.is_empty() {
