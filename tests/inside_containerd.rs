@@ -13,7 +13,7 @@ use common::cri_containerd::{CriContainerd, PROXY_HANDLER, SHIM_HANDLER};
 use common::pod::{Pod, container, pull};
 use common::{containerd_major, eventually, pod_config};
 use crius::api::v1::{
-    ContainerState, ContainerStatusRequest, DnsConfig, IdMapping, LinuxContainerConfig,
+    Capability, ContainerState, ContainerStatusRequest, DnsConfig, IdMapping, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
     NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxState, PodSandboxStatusRequest,
     RunPodSandboxRequest, StopPodSandboxRequest, UserNamespace,
@@ -192,6 +192,8 @@ async fn check_pod_of_two(cricd: &CriContainerd, pod: &mut Pod) -> (String, Stri
         exec_ok(pod, &two, &["cat", "/dev/shm/mark"]).await.trim(),
         "shared"
     );
+    check_holder_is_shut_in(pod).await;
+
     // The pod's own network: an address on eth0 from containerd's CNI.
     let addr = exec_ok(pod, &two, &["ip", "-4", "addr", "show", "eth0"]).await;
     assert!(addr.contains("inet 10."), "{addr}");
@@ -232,6 +234,48 @@ async fn check_pod_of_two(cricd: &CriContainerd, pod: &mut Pod) -> (String, Stri
     );
     assert_eq!(pause_processes(), pauses_before, "a pause container ran");
     (one, two)
+}
+
+/// A container that may trace what it sees (CAP_SYS_PTRACE) finds nothing of the node
+/// through the pod's PID 1, the shim's holder: its root is an empty read-only directory, and
+/// it holds no capability it could lend.
+async fn check_holder_is_shut_in(pod: &mut Pod) {
+    let mut tracer = container("tracer", "busybox:latest", &["sleep", "1000"]);
+    tracer.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            capabilities: Some(Capability {
+                add_capabilities: vec!["SYS_PTRACE".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let tracer = pod.run(tracer).await;
+    let root = exec_ok(pod, &tracer, &["ls", "-A", "/proc/1/root/"]).await;
+    assert_eq!(root.trim(), "", "the holder's root shows the node's files");
+    let (_, err, code) = pod
+        .exec(&tracer, &["touch", "/proc/1/root/planted"], 20)
+        .await
+        .expect("exec");
+    assert_ne!(code, 0, "wrote into the holder's root");
+    assert!(err.contains("Read-only"), "{err}");
+    let status = exec_ok(pod, &tracer, &["cat", "/proc/1/status"]).await;
+    for (field, value) in [
+        ("CapPrm", "0000000000000000"),
+        ("CapEff", "0000000000000000"),
+        ("CapBnd", "0000000000000000"),
+        ("NoNewPrivs", "1"),
+    ] {
+        assert!(
+            status
+                .lines()
+                .any(|l| l.starts_with(&format!("{field}:")) && l.trim_end().ends_with(value)),
+            "holder's {field} is not {value}: {status}"
+        );
+    }
+    pod.stop(&tracer, 5).await;
+    pod.remove(&tracer).await;
 }
 
 async fn stop_and_remove(cricd: &CriContainerd, mut pod: Pod, containers: &[String]) {

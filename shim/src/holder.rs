@@ -4,6 +4,12 @@
 //! PID, IPC and UTS namespaces (owned by that user namespace), names the pod and sets its
 //! sysctls, then forks the pod's PID 1, which execs the shim binary again as `pause`: it
 //! reaps what is reparented to it and ends on SIGTERM or SIGINT.
+//!
+//! The holder is every container's PID 1 when the pod shares its PID namespace, so what it
+//! holds is in reach of any of them that may trace it (`/proc/1/root`, `/proc/1/fd`,
+//! ptrace). Before the exec it is shut in: its own mount namespace with an empty read-only
+//! root, `/dev/null` for its stdio, no capabilities (none it could regain by exec either)
+//! and no new privileges; after it, it is not dumpable.
 
 use std::ffi::CString;
 use std::io::Read;
@@ -80,14 +86,21 @@ fn step_name(step: u8) -> &'static str {
         6 => "join the pod's user namespace",
         7 => "make the pod's namespaces",
         8 => "fork the pod's PID 1",
+        9 => "give the holder an empty read-only root",
+        10 => "drop the holder's privileges",
+        11 => "point the holder's stdio at /dev/null",
         _ => "exec the shim as the holder",
     }
 }
 
 /// Everything the child needs, made before the clone: it may not allocate.
 struct Plan {
-    exe: CString,
+    /// The shim binary, opened: the holder execs it after its root is gone.
+    exe: OwnedFd,
+    /// Its path, the holder's argv[0].
+    exe_path: CString,
     action: CString,
+    dev_null: OwnedFd,
     hostname: Option<Vec<u8>>,
     netns: Option<OwnedFd>,
     userns: Option<OwnedFd>,
@@ -98,9 +111,18 @@ struct Plan {
 
 impl Plan {
     fn new(namespaces: &Namespaces) -> Result<Self, ShimError> {
-        let exe = std::env::current_exe().map_err(|e| ShimError::io("shim binary".into(), e))?;
-        let exe = CString::new(exe.as_os_str().as_bytes())
+        let path = std::env::current_exe().map_err(|e| ShimError::io("shim binary".into(), e))?;
+        let exe = std::fs::File::open(&path)
+            .map_err(|e| ShimError::io(format!("open {}", path.display()), e))?
+            .into();
+        let exe_path = CString::new(path.as_os_str().as_bytes())
             .map_err(|e| ShimError::Internal(format!("shim binary path: {e}")))?;
+        let dev_null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| ShimError::io("open /dev/null".into(), e))?
+            .into();
         let action = CString::new(PAUSE_ACTION).map_err(|e| ShimError::Internal(e.to_string()))?;
         let netns: Option<OwnedFd> = match &namespaces.netns {
             Some(path) => Some(
@@ -132,12 +154,15 @@ impl Plan {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             exe,
+            exe_path,
             action,
+            dev_null,
             hostname: (namespaces.uts && !namespaces.hostname.is_empty())
                 .then(|| namespaces.hostname.clone().into_bytes()),
             netns,
             userns,
-            unshare: namespaces.clone_flags().bits(),
+            // A mount namespace of its own too, which only the holder lives in.
+            unshare: (namespaces.clone_flags() | CloneFlags::CLONE_NEWNS).bits(),
             fork_pid1: namespaces.pid,
             sysctls,
         })
@@ -173,7 +198,13 @@ unsafe fn run_child(plan: &Plan, report: libc::c_int) -> isize {
         unsafe { libc::write(report, failed.as_ptr().cast(), failed.len()) };
         1
     };
-    let argv = [plan.exe.as_ptr(), plan.action.as_ptr(), std::ptr::null()];
+    let argv = [
+        plan.exe_path.as_ptr(),
+        plan.action.as_ptr(),
+        std::ptr::null(),
+    ];
+    // The holder needs nothing from the shim's environment.
+    let envp = [std::ptr::null()];
     // SAFETY: raw system calls on fds and buffers the plan keeps alive.
     unsafe {
         if let Some(fd) = &plan.userns
@@ -220,11 +251,105 @@ unsafe fn run_child(plan: &Plan, report: libc::c_int) -> isize {
                 return 0;
             }
         }
-        libc::execv(plan.exe.as_ptr(), argv.as_ptr());
-        let failed = failure(4);
+        let step = match shut_in(plan) {
+            Ok(()) => {
+                libc::fexecve(plan.exe.as_raw_fd(), argv.as_ptr(), envp.as_ptr());
+                4
+            }
+            Err(step) => step,
+        };
+        let failed = failure(step);
         libc::write(report, failed.as_ptr().cast(), failed.len());
         libc::_exit(1)
     }
+}
+
+/// `capset(2)`'s header and per-word data, version 3 (64 capability bits in two words).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Shuts the holder in before its exec (raw system calls only): stdio on `/dev/null`, an
+/// empty read-only root in its own mount namespace, no capabilities and no new privileges.
+/// Returns the failed step.
+///
+/// # Safety
+/// Call only in the child that execs the holder, in its own mount namespace.
+unsafe fn shut_in(plan: &Plan) -> Result<(), u8> {
+    // SAFETY: raw system calls on the plan's fds and on static strings.
+    unsafe {
+        for fd in 0..3 {
+            if libc::dup2(plan.dev_null.as_raw_fd(), fd) < 0 {
+                return Err(11);
+            }
+        }
+        // Its mounts stop propagating either way; then its root becomes an empty read-only
+        // tmpfs, mounted over /proc (there on every node) in this mount namespace only.
+        let none = std::ptr::null::<libc::c_char>();
+        if libc::mount(
+            none,
+            c"/".as_ptr(),
+            none,
+            libc::MS_REC | libc::MS_PRIVATE,
+            none.cast(),
+        ) != 0
+            || libc::mount(
+                c"tmpfs".as_ptr(),
+                c"/proc".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=4k,mode=0555".as_ptr().cast(),
+            ) != 0
+            || libc::chdir(c"/proc".as_ptr()) != 0
+            || libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) != 0
+            || libc::umount2(c".".as_ptr(), libc::MNT_DETACH) != 0
+            || libc::chdir(c"/".as_ptr()) != 0
+        {
+            return Err(9);
+        }
+        // An empty bounding set: an exec as root gains no capability either.
+        if libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(10);
+        }
+        let mut cap: libc::c_ulong = 0;
+        while libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == 0 {
+            cap += 1;
+        }
+        // Past the last capability the kernel knows, the drop fails with EINVAL.
+        if cap == 0 || *libc::__errno_location() != libc::EINVAL {
+            return Err(10);
+        }
+        let header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData::default(); 2];
+        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0
+            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+        {
+            return Err(10);
+        }
+    }
+    Ok(())
 }
 
 /// Starts the holder and returns its pid once it has exec'd. The caller must hold a
@@ -270,6 +395,12 @@ fn holder_pid(child: i32, report: &[u8]) -> Result<i32, ShimError> {
 
 /// The holder's life: reap what ends in the pod, end on SIGTERM or SIGINT.
 pub fn pause() -> ! {
+    // Not dumpable (an exec made it so again): its /proc files are the node's root's, and
+    // only a tracer with CAP_SYS_PTRACE may look into it.
+    // SAFETY: a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        std::process::exit(1);
+    }
     let mut signals = SigSet::empty();
     for signal in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT] {
         signals.add(signal);
@@ -324,6 +455,18 @@ mod tests {
         failed.extend(record(4, libc::ENOENT));
         let err = holder_pid(10, &failed).expect_err("exec failed");
         assert!(err.to_string().contains("exec the shim"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_shut_in_says_which_part() {
+        for (step, says) in [
+            (9, "empty read-only root"),
+            (10, "drop the holder's privileges"),
+            (11, "stdio"),
+        ] {
+            let err = holder_pid(10, &record(step, libc::EPERM)).expect_err("failed");
+            assert!(err.to_string().contains(says), "{step}: {err}");
+        }
     }
 
     #[test]
