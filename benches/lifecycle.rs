@@ -43,6 +43,8 @@ const BATCH: usize = 10;
 /// Memory is sampled this long after the last of the pods came up, for both daemons: a
 /// node's steady state with them, not the peak of bringing them up.
 const SETTLE: Duration = Duration::from_secs(5);
+/// The longest wait for the node to go quiet before a timed phase of many pods.
+const QUIET_WAIT: Duration = Duration::from_secs(30);
 /// The image RemoveImage removes each round (pulled again, unmeasured, before).
 const REMOVED_IMAGE: &str = "busybox-user:1000";
 
@@ -387,6 +389,9 @@ async fn one_round(runtime: &mut Runtime, name: &str) {
 /// Brings up `MEMORY_PODS` pods, `BATCH` at a time, calls `with_pods_running` once they have
 /// settled, then tears them down the same way; returns both wall times.
 async fn many_pods(runtime: &Runtime, with_pods_running: impl FnOnce()) -> [Duration; 2] {
+    // The kernel tears network namespaces down in the background: the previous daemon's 50
+    // pods would otherwise still be going while this one's come up.
+    wait_for_quiet().await;
     let t = Instant::now();
     let mut pods = Vec::new();
     for batch in 0..MEMORY_PODS / BATCH {
@@ -406,6 +411,7 @@ async fn many_pods(runtime: &Runtime, with_pods_running: impl FnOnce()) -> [Dura
     let up = t.elapsed();
     tokio::time::sleep(SETTLE).await;
     with_pods_running();
+    wait_for_quiet().await;
     let t = Instant::now();
     while !pods.is_empty() {
         let batch = pods.split_off(pods.len().saturating_sub(BATCH));
@@ -423,6 +429,40 @@ async fn many_pods(runtime: &Runtime, with_pods_running: impl FnOnce()) -> [Dura
         }
     }
     [up, t.elapsed()]
+}
+
+/// Waits until the node's CPUs have been at least 90% idle for half a second (at most
+/// `QUIET_WAIT`), so work left over from the last phase is not timed in the next.
+async fn wait_for_quiet() {
+    let started = Instant::now();
+    let mut last = cpu_ticks();
+    while started.elapsed() < QUIET_WAIT {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = cpu_ticks();
+        let (busy, total) = (now.0 - last.0, now.1 - last.1);
+        last = now;
+        if total > 0 && busy * 10 <= total {
+            return;
+        }
+    }
+    println!("(the node did not go quiet in {QUIET_WAIT:?})");
+}
+
+/// The node's busy and total CPU ticks so far, from /proc/stat.
+fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    // idle and iowait
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
 }
 
 /// A process's resident memory in KiB: all of it, and its anonymous and file-backed parts.
