@@ -12,52 +12,54 @@ pub struct ResolvedUser {
     pub additional_gids: Vec<u32>,
 }
 
+/// The most supplementary groups a process may have (the kernel's `NGROUPS_MAX`).
+pub const MAX_GROUPS: usize = 65536;
+
+/// One line of `/etc/passwd`, borrowed from the file's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct PasswdEntry {
-    name: String,
+struct PasswdEntry<'a> {
+    name: &'a str,
     uid: u32,
     gid: u32,
 }
 
+/// One line of `/etc/group`; its members stay one comma-separated field, looked through
+/// only for the user at hand (an image's file may have millions of them).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct GroupEntry {
-    name: String,
+struct GroupEntry<'a> {
+    name: &'a str,
     gid: u32,
-    members: Vec<String>,
+    members: &'a str,
 }
 
-fn parse_passwd(text: &str) -> Vec<PasswdEntry> {
+impl GroupEntry<'_> {
+    fn has_member(&self, user: &str) -> bool {
+        self.members.split(',').any(|m| m == user)
+    }
+}
+
+fn parse_passwd(text: &str) -> Vec<PasswdEntry<'_>> {
     text.lines()
         .filter(|l| !l.trim_start().starts_with('#'))
         .filter_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            Some(PasswdEntry {
-                name: fields.first()?.to_string(),
-                uid: fields.get(2)?.parse().ok()?,
-                gid: fields.get(3)?.parse().ok()?,
-            })
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let uid = fields.nth(1)?.parse().ok()?;
+            let gid = fields.next()?.parse().ok()?;
+            Some(PasswdEntry { name, uid, gid })
         })
         .collect()
 }
 
-fn parse_group(text: &str) -> Vec<GroupEntry> {
+fn parse_group(text: &str) -> Vec<GroupEntry<'_>> {
     text.lines()
         .filter(|l| !l.trim_start().starts_with('#'))
         .filter_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            Some(GroupEntry {
-                name: fields.first()?.to_string(),
-                gid: fields.get(2)?.parse().ok()?,
-                members: fields
-                    .get(3)
-                    .map(|m| {
-                        m.split(',')
-                            .filter(|s| !s.is_empty())
-                            .map(str::to_string)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            })
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let gid = fields.nth(1)?.parse().ok()?;
+            let members = fields.next().unwrap_or_default();
+            Some(GroupEntry { name, gid, members })
         })
         .collect()
 }
@@ -102,6 +104,27 @@ pub fn resolve(
     resolve_with_policy(user, files, supplemental, true)
 }
 
+/// Supplementary groups in the order found, each once, at most [`MAX_GROUPS`].
+#[derive(Default)]
+struct Gids {
+    list: Vec<u32>,
+    seen: std::collections::HashSet<u32>,
+}
+
+impl Gids {
+    fn add(&mut self, gid: u32) -> Result<(), SpecError> {
+        if self.seen.insert(gid) {
+            if self.list.len() == MAX_GROUPS {
+                return Err(SpecError::Invalid(format!(
+                    "the process would be in more than {MAX_GROUPS} supplementary groups"
+                )));
+            }
+            self.list.push(gid);
+        }
+        Ok(())
+    }
+}
+
 /// As [`resolve`]; with `merge_image_groups` false (the Strict supplemental groups
 /// policy) the image's `/etc/group` memberships are not added.
 pub fn resolve_with_policy(
@@ -117,25 +140,17 @@ pub fn resolve_with_policy(
         None => (user, None),
     };
     let (uid, primary_gid, name) = if user_part.is_empty() {
-        (
-            0,
-            0,
-            passwd.iter().find(|p| p.uid == 0).map(|p| p.name.clone()),
-        )
+        (0, 0, passwd.iter().find(|p| p.uid == 0).map(|p| p.name))
     } else if let Ok(uid) = user_part.parse::<u32>() {
         let entry = passwd.iter().find(|p| p.uid == uid);
-        (
-            uid,
-            entry.map_or(0, |e| e.gid),
-            entry.map(|e| e.name.clone()),
-        )
+        (uid, entry.map_or(0, |e| e.gid), entry.map(|e| e.name))
     } else {
         let entry = passwd.iter().find(|p| p.name == user_part).ok_or_else(|| {
             SpecError::Invalid(format!(
                 "user {user_part:?} not found in the image's /etc/passwd"
             ))
         })?;
-        (entry.uid, entry.gid, Some(entry.name.clone()))
+        (entry.uid, entry.gid, Some(entry.name))
     };
     let gid = match group_part {
         None | Some("") => primary_gid,
@@ -154,24 +169,21 @@ pub fn resolve_with_policy(
             }
         },
     };
-    let mut additional_gids: Vec<u32> = Vec::new();
-    if let Some(name) = name.as_ref().filter(|_| merge_image_groups) {
-        for group in &groups {
-            if &group.name != name
-                && group.members.iter().any(|m| m == name)
-                && !additional_gids.contains(&group.gid)
-            {
-                additional_gids.push(group.gid);
-            }
+    let mut additional_gids = Gids::default();
+    if let Some(name) = name.filter(|_| merge_image_groups) {
+        for group in groups
+            .iter()
+            .filter(|g| g.name != name && g.has_member(name))
+        {
+            additional_gids.add(group.gid)?;
         }
     }
     for g in supplemental {
         let g = u32::try_from(*g)
             .map_err(|_| SpecError::Invalid(format!("supplemental group {g} is out of range")))?;
-        if !additional_gids.contains(&g) {
-            additional_gids.push(g);
-        }
+        additional_gids.add(g)?;
     }
+    let additional_gids = additional_gids.list;
     Ok(ResolvedUser {
         uid,
         gid,
@@ -188,6 +200,26 @@ mod tests {
             passwd: "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n".into(),
             group: "root:x:0:\nusers:x:100:user\nuser:x:1000:\nwheel:x:10:user,other\nnogroup:x:65534:\n".into(),
         }
+    }
+
+    #[test]
+    fn an_image_may_not_put_a_user_in_more_groups_than_the_kernel_takes() {
+        let group_file = |n: u32| -> String {
+            (0..n)
+                .map(|gid| format!("g{gid}:x:{}:other,user\n", gid + 2000))
+                .collect()
+        };
+        let mut f = files();
+        f.group = group_file(MAX_GROUPS as u32);
+        let user = resolve("user", &f, &[2000]).unwrap();
+        assert_eq!(user.additional_gids.len(), MAX_GROUPS, "2000 is there once");
+        assert_eq!(user.additional_gids[..2], [2000, 2001]);
+        f.group = group_file(MAX_GROUPS as u32 + 1);
+        let err = resolve("user", &f, &[]).expect_err("too many groups");
+        assert!(err.to_string().contains("65536"), "{err}");
+        // Supplemental groups from the pod count too.
+        f.group = group_file(MAX_GROUPS as u32);
+        assert!(resolve("user", &f, &[1]).is_err());
     }
 
     #[test]
