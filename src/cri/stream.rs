@@ -359,13 +359,13 @@ async fn copy_stdin(
 /// when this client's does.
 async fn attach_stdin(service: CriService, container: Arc<Container>, mut input: Input) {
     while let Some(data) = input.recv().await {
-        let mut stdin = container.io.stdin().lock().await;
-        let Some(fifo) = stdin.as_mut() else {
-            return;
-        };
-        if let Err(e) = fifo.write_all(&data).await {
-            tracing::debug!(container = %container.id(), error = %e, "container stdin closed");
-            return;
+        match container.io.write_stdin(&data).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::debug!(container = %container.id(), error = %e, "container stdin closed");
+                return;
+            }
         }
     }
     if container.metadata.config.stdin_once {

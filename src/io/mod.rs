@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use nix::sys::stat::Mode;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub use log::{LineSplitter, LogFile, Stream};
 
@@ -249,6 +250,9 @@ pub struct ContainerIo {
     placeholders: Mutex<Vec<OwnedFd>>,
     /// The stdin writer while stdin is open.
     stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+    /// Cancelled when stdin closes: a write blocked on a full pipe (a process that does not
+    /// read its stdin) gives way, so closing stdin never waits for one.
+    stdin_closed: CancellationToken,
 }
 
 impl ContainerIo {
@@ -266,6 +270,7 @@ impl ContainerIo {
             copiers: Mutex::new(Vec::new()),
             placeholders: Mutex::new(Vec::new()),
             stdin: tokio::sync::Mutex::new(None),
+            stdin_closed: CancellationToken::new(),
         })
     }
 
@@ -357,12 +362,28 @@ impl ContainerIo {
             .subscribe()
     }
 
-    /// The stdin writer, for attach; `None` when stdin is closed or was never asked for.
-    pub fn stdin(&self) -> &tokio::sync::Mutex<Option<pipe::Sender>> {
-        &self.stdin
+    /// Writes an attached client's input to the container's stdin: `Ok(false)` once stdin
+    /// is closed (or was never asked for). A write the process does not read ends when stdin
+    /// closes.
+    pub async fn write_stdin(&self, data: &[u8]) -> std::io::Result<bool> {
+        let closed = &self.stdin_closed;
+        let mut stdin = tokio::select! {
+            biased;
+            () = closed.cancelled() => return Ok(false),
+            stdin = self.stdin.lock() => stdin,
+        };
+        let Some(fifo) = stdin.as_mut() else {
+            return Ok(false);
+        };
+        tokio::select! {
+            biased;
+            () = closed.cancelled() => Ok(false),
+            written = fifo.write_all(data) => written.map(|()| true),
+        }
     }
 
     pub async fn close_stdin(&self) {
+        self.stdin_closed.cancel();
         self.stdin.lock().await.take();
     }
 
@@ -561,6 +582,26 @@ mod tests {
         assert!(!chunk.data.is_empty());
         io.remove();
         assert!(!dir.path().join("io").exists());
+    }
+
+    #[tokio::test]
+    async fn closing_stdin_does_not_wait_for_a_write_nobody_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = Arc::new(ContainerIo::create(&dir.path().join("io"), true, false).unwrap());
+        io.start(None, log::MAX_LINE).unwrap();
+        // More than a pipe holds, into a stdin no process reads.
+        let writer = {
+            let io = io.clone();
+            tokio::spawn(async move { io.write_stdin(&vec![b'x'; 1 << 20]).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!writer.is_finished(), "the pipe took a whole MiB");
+        tokio::time::timeout(Duration::from_secs(5), io.close_stdin())
+            .await
+            .expect("closing stdin waited for the blocked write");
+        let written = writer.await.unwrap().unwrap();
+        assert!(!written, "the cut-off write reported success");
+        assert!(!io.write_stdin(b"more").await.unwrap(), "stdin is closed");
     }
 
     #[tokio::test]
