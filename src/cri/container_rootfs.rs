@@ -256,36 +256,123 @@ fn seed_volume(rootfs: &Path, volume: &DeclaredVolume) -> Result<(), RootfsError
 }
 
 /// Copies a directory tree: directories, regular files and symlinks (as links), with their
-/// owners and modes. Device nodes, FIFOs and sockets are left out.
+/// owners and modes. Device nodes, FIFOs and sockets are left out. The image chose what is
+/// there, so the copy takes no more room than the source does: hard links stay links (not
+/// one full copy per name) and holes stay holes.
 fn copy_tree(source: &Path, target: &Path, depth: usize) -> std::io::Result<()> {
-    if depth > MAX_DEPTH {
-        return Err(std::io::Error::other(format!(
-            "{} nests more than {MAX_DEPTH} directories deep",
-            source.display()
-        )));
-    }
-    let meta = std::fs::symlink_metadata(source)?;
-    if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::create_dir(target)?;
-    for entry in std::fs::read_dir(source)? {
-        let entry = entry?;
-        let from = entry.path();
-        let to = target.join(entry.file_name());
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            copy_tree(&from, &to, depth + 1)?;
-        } else if kind.is_file() {
-            std::fs::copy(&from, &to)?;
-            keep_owner_and_mode(&std::fs::symlink_metadata(&from)?, &to)?;
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
-            let link = std::fs::symlink_metadata(&from)?;
-            std::os::unix::fs::lchown(&to, Some(link.uid()), Some(link.gid()))?;
+    TreeCopy::default().copy_dir(source, target, depth)
+}
+
+/// One tree's copy: the files copied so far that have more than one name, by source inode.
+#[derive(Default)]
+struct TreeCopy {
+    linked: std::collections::HashMap<(u64, u64), std::path::PathBuf>,
+}
+
+impl TreeCopy {
+    fn copy_dir(&mut self, source: &Path, target: &Path, depth: usize) -> std::io::Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(std::io::Error::other(format!(
+                "{} nests more than {MAX_DEPTH} directories deep",
+                source.display()
+            )));
         }
+        let meta = std::fs::symlink_metadata(source)?;
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::create_dir(target)?;
+        for entry in std::fs::read_dir(source)? {
+            let entry = entry?;
+            let from = entry.path();
+            let to = target.join(entry.file_name());
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                self.copy_dir(&from, &to, depth + 1)?;
+            } else if kind.is_file() {
+                self.copy_file(&from, &to)?;
+            } else if kind.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
+                let link = std::fs::symlink_metadata(&from)?;
+                std::os::unix::fs::lchown(&to, Some(link.uid()), Some(link.gid()))?;
+            }
+        }
+        keep_owner_and_mode(&meta, target)
     }
-    keep_owner_and_mode(&meta, target)
+
+    fn copy_file(&mut self, from: &Path, to: &Path) -> std::io::Result<()> {
+        let meta = std::fs::symlink_metadata(from)?;
+        let inode = (meta.dev(), meta.ino());
+        if meta.nlink() > 1
+            && let Some(first) = self.linked.get(&inode)
+        {
+            return std::fs::hard_link(first, to);
+        }
+        copy_keeping_holes(from, to)?;
+        keep_owner_and_mode(&meta, to)?;
+        if meta.nlink() > 1 {
+            self.linked.insert(inode, to.to_path_buf());
+        }
+        Ok(())
+    }
+}
+
+/// Copies a regular file's data extents only; the rest of its length stays a hole.
+fn copy_keeping_holes(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let source = std::fs::File::open(from)?;
+    let len = source.metadata()?.len();
+    let target = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(to)?;
+    target.set_len(len)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = 0;
+    while at < len {
+        let Some((start, end)) = next_data(&source, at, len)? else {
+            break;
+        };
+        let mut pos = start;
+        while pos < end {
+            let want = usize::try_from(end - pos)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            let got = source.read_at(&mut buf[..want], pos)?;
+            if got == 0 {
+                // The source shrank under us: what is left stays a hole.
+                return Ok(());
+            }
+            target.write_all_at(&buf[..got], pos)?;
+            pos += got as u64;
+        }
+        at = end;
+    }
+    Ok(())
+}
+
+/// The next extent of data at or after `at`: `None` when only a hole is left. A
+/// filesystem that cannot tell holes calls the whole rest data.
+fn next_data(file: &std::fs::File, at: u64, len: u64) -> std::io::Result<Option<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let seek = |offset: u64, whence| -> std::io::Result<Option<u64>> {
+        let offset = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
+        // SAFETY: lseek on an fd this function borrows.
+        match unsafe { libc::lseek(file.as_raw_fd(), offset, whence) } {
+            -1 => match std::io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+                e if e.raw_os_error() == Some(libc::EINVAL) => Ok(Some(offset as u64)),
+                e => Err(e),
+            },
+            found => Ok(Some(found as u64)),
+        }
+    };
+    let Some(start) = seek(at, libc::SEEK_DATA)? else {
+        return Ok(None);
+    };
+    let end = seek(start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+    Ok((start < end).then_some((start, end)))
 }
 
 /// Gives a volume crius made (a copy of the image's content) to a pod in its own user
@@ -459,6 +546,44 @@ mod tests {
         assert_eq!(
             std::fs::read_link(target.join("link")).unwrap(),
             PathBuf::from("/etc/passwd")
+        );
+    }
+
+    #[test]
+    fn a_copy_keeps_hard_links_and_holes_and_takes_no_more_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("src");
+        std::fs::create_dir_all(source.join("sub")).unwrap();
+        // 64 MiB long, 4 KiB of it data at 1 MiB.
+        let sparse = std::fs::File::create(source.join("sparse")).unwrap();
+        sparse.set_len(64 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&sparse, &[7u8; 4096], 1 << 20).unwrap();
+        drop(sparse);
+        std::fs::write(source.join("big"), vec![1u8; 1 << 20]).unwrap();
+        for i in 0..50 {
+            std::fs::hard_link(source.join("big"), source.join(format!("sub/name{i}"))).unwrap();
+        }
+        let target = dir.path().join("out/volume");
+        copy_tree(&source, &target, 0).unwrap();
+
+        let copied = std::fs::metadata(target.join("sparse")).unwrap();
+        assert_eq!(copied.len(), 64 << 20);
+        assert!(
+            copied.blocks() * 512 <= 1 << 20,
+            "holes were filled: {}",
+            copied.blocks()
+        );
+        let data = std::fs::read(target.join("sparse")).unwrap();
+        assert_eq!(&data[1 << 20..(1 << 20) + 4096], &[7u8; 4096]);
+        assert!(data[..1 << 20].iter().all(|b| *b == 0));
+
+        let big = std::fs::metadata(target.join("big")).unwrap();
+        assert_eq!(big.nlink(), 51, "names became copies");
+        let name = std::fs::metadata(target.join("sub/name7")).unwrap();
+        assert_eq!(name.ino(), big.ino());
+        assert_eq!(
+            std::fs::read(target.join("sub/name7")).unwrap(),
+            vec![1u8; 1 << 20]
         );
     }
 }
