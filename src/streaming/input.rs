@@ -4,9 +4,10 @@
 //! it. Each stream may hold at most its own limit, and all streams of one connection
 //! together at most the connection's; a sender that would pass either waits, which stops the
 //! connection's reader and so pushes back on the client through TCP. Messages are counted
-//! by their bytes, never by how many there are, and every chunk is copied out of the
-//! reader's buffer so a small chunk never pins a large buffer. When the receiving side is
-//! dropped, sends fail at once: what nobody reads is refused, not queued.
+//! by their bytes, a small one as [`MIN_CHARGE`] bytes (what it costs to keep, so a flood of
+//! one-byte frames cannot queue a hundred times the budget), and every chunk is copied out
+//! of the reader's buffer so a small chunk never pins a large buffer. When the receiving
+//! side is dropped, sends fail at once: what nobody reads is refused, not queued.
 
 use std::sync::Arc;
 
@@ -19,6 +20,8 @@ pub const STREAM_INPUT_LIMIT: usize = 256 * 1024;
 pub const CONNECTION_INPUT_LIMIT: usize = 1024 * 1024;
 /// Input is queued in pieces of at most this size.
 const PIECE: usize = 32 * 1024;
+/// What a piece costs of the budgets at least: its allocation and queue slot.
+const MIN_CHARGE: usize = 256;
 
 /// The receiving side has gone: nobody reads this stream.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +99,8 @@ impl InputSender {
     }
 
     async fn reserve(&self, chunk: &[u8]) -> Result<Piece, InputClosed> {
-        let n = u32::try_from(chunk.len()).map_err(|_| InputClosed)?;
+        let charge = chunk.len().max(MIN_CHARGE.min(self.piece));
+        let n = u32::try_from(charge).map_err(|_| InputClosed)?;
         let stream = self
             .stream
             .clone()
@@ -200,6 +204,30 @@ mod tests {
         assert!(tx.send(Bytes::from_static(b"x")).await.is_err());
         assert!(tx.is_closed());
         assert_eq!(budget.available(), 1 << 20);
+    }
+
+    #[tokio::test]
+    async fn tiny_messages_are_charged_what_they_cost_to_keep() {
+        let budget = ConnectionBudget::new(1 << 20);
+        let (tx, mut rx) = budget.stream(STREAM_INPUT_LIMIT);
+        let fits = STREAM_INPUT_LIMIT / MIN_CHARGE;
+        for _ in 0..fits {
+            tx.send(Bytes::from_static(b"x")).await.unwrap();
+        }
+        let blocked = tokio::time::timeout(
+            Duration::from_millis(100),
+            tx.send(Bytes::from_static(b"x")),
+        );
+        assert!(
+            blocked.await.is_err(),
+            "one-byte messages queued past the limit"
+        );
+        assert_eq!(budget.available(), (1 << 20) - STREAM_INPUT_LIMIT);
+        assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(b"x"));
+        assert_eq!(
+            budget.available(),
+            (1 << 20) - STREAM_INPUT_LIMIT + MIN_CHARGE
+        );
     }
 
     #[tokio::test]

@@ -189,7 +189,12 @@ async fn forward(
     mut data: SpdyStream,
 ) {
     // The client sends nothing on the error stream: refuse what it does send.
-    let error = error.output;
+    let SpdyStream {
+        input: error_input,
+        output: error,
+        ..
+    } = error;
+    drop(error_input);
     let port = header(&data.headers, "port")
         .and_then(|p| p.parse::<u16>().ok())
         .filter(|p| *p > 0);

@@ -30,6 +30,10 @@ const MAX_LENGTH: usize = (1 << 24) - 1;
 const MAX_INCOMING_FRAME: usize = 1 << 20;
 /// A decompressed header block may not grow beyond this.
 const MAX_HEADER_BLOCK: usize = 64 * 1024;
+/// Most name/value pairs of one header block, and most bytes of their names and values:
+/// a stream keeps its headers while it lives (kubectl sends two or three short ones).
+const MAX_HEADERS: usize = 64;
+const MAX_HEADER_BYTES: usize = 8 * 1024;
 const HEADER_SIZE: usize = 8;
 
 const TYPE_SYN_STREAM: u16 = 1;
@@ -225,8 +229,13 @@ pub fn decode_header_block(mut block: &[u8]) -> Result<Headers, FrameError> {
         return Err(truncated());
     }
     let count = block.get_u32() as usize;
-    // Each pair takes at least 8 bytes: do not trust the count for the allocation.
-    let mut headers = Vec::with_capacity(count.min(block.remaining() / 8));
+    if count > MAX_HEADERS {
+        return Err(protocol(format!(
+            "{count} headers in one block, more than {MAX_HEADERS}"
+        )));
+    }
+    let mut headers = Vec::with_capacity(count);
+    let mut bytes = 0;
     for _ in 0..count {
         let mut pair = [String::new(), String::new()];
         for part in &mut pair {
@@ -236,6 +245,12 @@ pub fn decode_header_block(mut block: &[u8]) -> Result<Headers, FrameError> {
             let len = block.get_u32() as usize;
             if block.remaining() < len {
                 return Err(truncated());
+            }
+            bytes += len;
+            if bytes > MAX_HEADER_BYTES {
+                return Err(protocol(format!(
+                    "headers of more than {MAX_HEADER_BYTES} bytes in one block"
+                )));
             }
             *part = String::from_utf8(block[..len].to_vec())
                 .map_err(|_| protocol("header is not UTF-8"))?;
@@ -642,6 +657,23 @@ mod tests {
         assert!(decode_header_block(&block).is_err());
         // A huge count with no pairs behind it must not allocate for the count.
         assert!(decode_header_block(&[0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn a_stream_keeps_few_and_short_headers() {
+        let empty: Vec<(String, String)> = (0..=MAX_HEADERS)
+            .map(|_| (String::new(), String::new()))
+            .collect();
+        let many = encode_header_block(&empty).unwrap();
+        assert!(
+            decode_header_block(&many).is_err(),
+            "thousands of empty pairs"
+        );
+        let long = "v".repeat(MAX_HEADER_BYTES);
+        let block = encode_header_block(&headers(&[("streamtype", &long)])).unwrap();
+        assert!(decode_header_block(&block).is_err(), "a long value");
+        let ok = encode_header_block(&headers(&[("streamtype", "data"), ("port", "80")])).unwrap();
+        assert_eq!(decode_header_block(&ok).unwrap().len(), 2);
     }
 
     /// A SYN_STREAM header block as another implementation (zlib via Python, level 9, the
