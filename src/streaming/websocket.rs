@@ -245,10 +245,15 @@ impl Session {
         if let Outcome::Internal(message) = &outcome {
             tracing::warn!(?command, error = %message, "stream command failed");
         }
-        if let Some(bytes) = protocol.version.status_bytes(&outcome) {
-            let _ = outgoing.send(protocol.encode(ERROR, &bytes)).await;
-        }
-        let _ = outgoing.send(Message::Close(None)).await;
+        // The status and the close wait for room at most a grace period: a client that
+        // stopped reading gets neither.
+        let farewell = async {
+            if let Some(bytes) = protocol.version.status_bytes(&outcome) {
+                let _ = outgoing.send(protocol.encode(ERROR, &bytes)).await;
+            }
+            let _ = outgoing.send(Message::Close(None)).await;
+        };
+        let _ = tokio::time::timeout(CLOSE_GRACE, farewell).await;
         drop(outgoing);
         let abort = writer.abort_handle();
         if tokio::time::timeout(CLOSE_GRACE, writer).await.is_err() {

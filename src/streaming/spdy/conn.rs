@@ -118,10 +118,8 @@ impl StreamOutput {
         }
         self.reset.cancel();
         self.shared.forget(self.id);
-        let _ = self
-            .shared
-            .outgoing
-            .send(Frame::RstStream {
+        self.shared
+            .send_control(Frame::RstStream {
                 stream_id: self.id,
                 status: RST_CANCEL,
             })
@@ -174,6 +172,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// Queues a frame of the connection's own (a reply, a reset): gives up when the
+    /// connection closes, so a client that stops reading cannot park the sender here.
+    async fn send_control(&self, frame: Frame) {
+        tokio::select! {
+            _ = self.outgoing.send(frame) => {}
+            _ = self.closed.cancelled() => {}
+        }
+    }
+
     fn touch(&self) {
         let now = self.started.elapsed().as_millis() as u64;
         self.last_activity.store(now, Ordering::Relaxed);
@@ -323,7 +330,13 @@ async fn write_frames<W>(
             _ = shared.closed.cancelled() => return,
         };
         let Some(frame) = frame else { break };
-        if let Err(e) = sink.send(frame).await {
+        // A client that stops reading leaves this write waiting: the idle watch closes the
+        // connection then.
+        let sent = tokio::select! {
+            sent = sink.send(frame) => sent,
+            _ = shared.closed.cancelled() => return,
+        };
+        if let Err(e) = sent {
             tracing::debug!(error = %e, "SPDY write failed");
             shared.closed.cancel();
             return;
@@ -366,7 +379,16 @@ async fn read_frames<R>(
             }
             Some(Ok(frame)) => {
                 shared.touch();
-                if !handle_frame(frame, &shared, &mut new_streams).await {
+                // Handling may wait for room (the process's stdin, the queue to a client
+                // that does not read): the idle timeout still ends the connection.
+                let handled = tokio::select! {
+                    handled = handle_frame(frame, &shared, &mut new_streams) => handled,
+                    _ = idle_watch(&shared, idle_timeout) => {
+                        tracing::info!(timeout = ?idle_timeout, "closing an idle stream connection");
+                        false
+                    }
+                };
+                if !handled {
                     break;
                 }
             }
@@ -426,7 +448,7 @@ async fn handle_frame(
         Frame::Ping { id } => {
             // Odd ids are the client's pings; even ones would answer ours, and crius sends none.
             if !id.is_multiple_of(2) {
-                let _ = shared.outgoing.send(Frame::Ping { id }).await;
+                shared.send_control(Frame::Ping { id }).await;
             }
             true
         }
@@ -453,11 +475,11 @@ async fn open_stream(
     let rst = |status| Frame::RstStream { stream_id, status };
     // Client streams have odd ids.
     if stream_id.is_multiple_of(2) {
-        let _ = shared.outgoing.send(rst(RST_PROTOCOL_ERROR)).await;
+        shared.send_control(rst(RST_PROTOCOL_ERROR)).await;
         return true;
     }
     let Some(sender) = new_streams.as_ref() else {
-        let _ = shared.outgoing.send(rst(RST_REFUSED_STREAM)).await;
+        shared.send_control(rst(RST_REFUSED_STREAM)).await;
         return true;
     };
     let (input_tx, input) = shared.budget.stream(STREAM_INPUT_LIMIT);
@@ -483,11 +505,11 @@ async fn open_stream(
     };
     if full && !duplicate {
         tracing::debug!(stream_id, "too many streams on one connection; refused");
-        let _ = shared.outgoing.send(rst(RST_REFUSED_STREAM)).await;
+        shared.send_control(rst(RST_REFUSED_STREAM)).await;
         return true;
     }
     if duplicate {
-        let _ = shared.outgoing.send(rst(RST_PROTOCOL_ERROR)).await;
+        shared.send_control(rst(RST_PROTOCOL_ERROR)).await;
         return false;
     }
     if shared
@@ -520,7 +542,7 @@ async fn open_stream(
     if !taken {
         // Nobody takes streams any more.
         shared.forget(stream_id);
-        let _ = shared.outgoing.send(rst(RST_REFUSED_STREAM)).await;
+        shared.send_control(rst(RST_REFUSED_STREAM)).await;
     }
     true
 }
@@ -785,6 +807,31 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(conn.accept().await.is_none());
         assert!(started.elapsed() >= Duration::from_millis(150));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_closed_when_idle() {
+        let (mut conn, mut client) = pair(Duration::from_millis(300));
+        client.open(1, "stdout").await;
+        let stream = conn.accept().await.unwrap();
+        let output = stream.output.clone();
+        let writer = tokio::spawn(async move {
+            let chunk = Bytes::from(vec![b'o'; 32 * 1024]);
+            while output.write(chunk.clone()).await.is_ok() {}
+        });
+        // Output fills the socket and the queue; the answers to pings then have no room
+        // either, and the client reads none of it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for id in 0..200u32 {
+            client.send(Frame::Ping { id: 2 * id + 1 }).await;
+        }
+        tokio::time::timeout(Duration::from_secs(10), writer)
+            .await
+            .expect("the output writer was left waiting")
+            .unwrap();
+        let accepted = tokio::time::timeout(Duration::from_secs(5), conn.accept()).await;
+        assert!(accepted.expect("the connection stayed open").is_none());
+        drop(client);
     }
 
     #[tokio::test]
