@@ -569,6 +569,19 @@ impl EvilRegistry {
                             return;
                         }
                     }
+                    if path.ends_with("/manifests/layered") {
+                        // More layers than any overlay mount can stack; none of them exists.
+                        let layer = format!(
+                            r#"{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{LAYER_DIGEST}","size":10}}"#
+                        );
+                        let layers = vec![layer; 600].join(",");
+                        let body = format!(
+                            r#"{{"schemaVersion":2,"mediaType":"{manifest_type}","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":{}}},"layers":[{layers}]}}"#,
+                            config.len()
+                        );
+                        let _ = conn.write_all(fixed(manifest_type, &body).as_bytes()).await;
+                        return;
+                    }
                     if path.starts_with("/v2/mirrored/") {
                         let reply = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"evil\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
                         let _ = conn.write_all(reply.as_bytes()).await;
@@ -749,6 +762,31 @@ async fn a_registry_that_trickles_or_crawls_is_cut_off() {
     assert!(
         !ingests.contains("crius-layer"),
         "a cut-off pull left its download: {ingests}"
+    );
+}
+
+#[tokio::test]
+async fn an_image_of_more_layers_than_overlayfs_stacks_is_refused_before_any_download() {
+    let evil = EvilRegistry::start().await;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let err = client
+        .image
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: format!("{}/evil:layered", evil.addr),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err("600 layers");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("600 layers"), "{err:?}");
+    let ingests = crius.ctr(&["content", "active"]);
+    assert!(
+        !ingests.contains("crius-layer"),
+        "a layer was fetched: {ingests}"
     );
 }
 

@@ -38,6 +38,9 @@ use crate::store::{Image, ImageStore};
 /// The label that marks images crius manages, as containerd's CRI does.
 pub const MANAGED_LABEL: &str = "io.cri-containerd.image";
 /// A pull's lease expires by itself after this, should crius die mid-pull.
+/// The most layers an image may have: overlayfs stacks no more (a manifest of 8 MiB could
+/// name some 90 thousand, each a download task).
+const MAX_LAYERS: usize = 500;
 const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 /// The largest image config crius reads (it is held in memory).
 const MAX_CONFIG_SIZE: i64 = 8 * 1024 * 1024;
@@ -761,6 +764,13 @@ async fn fetch_documents(
     };
     let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
         .map_err(|e| PullError::Corrupt(format!("manifest {}: {e}", manifest_desc.digest)))?;
+    if manifest.layers.len() > MAX_LAYERS {
+        return Err(PullError::Unsupported(format!(
+            "manifest {} has {} layers; overlayfs stacks at most {MAX_LAYERS}",
+            manifest_desc.digest,
+            manifest.layers.len()
+        )));
+    }
     let config_bytes = fetch_small_blob(session, resolved.endpoint, &manifest.config).await?;
     let config: ImageConfigFile = serde_json::from_slice(&config_bytes)
         .map_err(|e| PullError::Corrupt(format!("config {}: {e}", manifest.config.digest)))?;
