@@ -155,6 +155,7 @@ fn build_client(ep: &RegistryEndpoint) -> Result<reqwest::Client, RegistryError>
         .user_agent(concat!("crius/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(30))
         .pool_idle_timeout(Duration::from_secs(90))
+        .redirect(redirect_policy())
         .danger_accept_invalid_certs(ep.skip_verify);
     for ca in &ep.ca {
         let pem = std::fs::read(ca).map_err(|e| invalid(format!("CA {}: {e}", ca.display())))?;
@@ -178,6 +179,50 @@ fn build_client(ep: &RegistryEndpoint) -> Result<reqwest::Client, RegistryError>
         builder = builder.identity(identity);
     }
     builder.build().map_err(|e| invalid(e.to_string()))
+}
+
+/// Most redirects one request follows (blob downloads go to a CDN once or twice).
+const MAX_REDIRECTS: usize = 5;
+
+/// Redirects a registry may send crius on: a few, never from https down to plain http (its
+/// Authorization would go in clear text on the same host), never to a link-local address
+/// (a cloud's metadata service, from the node's network).
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        if attempt.previous().len() > MAX_REDIRECTS {
+            return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+        }
+        let from_https = attempt
+            .previous()
+            .last()
+            .is_some_and(|url| url.scheme() == "https");
+        if let Err(why) = allowed_target(attempt.url(), from_https) {
+            return attempt.error(why);
+        }
+        attempt.follow()
+    })
+}
+
+/// Whether crius may send a request a registry pointed it to (a redirect or a token
+/// realm), having come from https or not.
+fn allowed_target(url: &reqwest::Url, from_https: bool) -> Result<(), String> {
+    if from_https && url.scheme() != "https" {
+        return Err(format!("{url} would leave https for plain http"));
+    }
+    let host = url.host_str().unwrap_or_default();
+    let ip = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>();
+    let link_local = match ip {
+        Ok(std::net::IpAddr::V4(ip)) => ip.is_link_local(),
+        Ok(std::net::IpAddr::V6(ip)) => ip.segments()[0] & 0xffc0 == 0xfe80,
+        Err(_) => false,
+    };
+    if link_local {
+        return Err(format!("{url} is a link-local address"));
+    }
+    Ok(())
 }
 
 /// One pull's conversation with a registry: endpoints, credentials and tokens.
@@ -447,6 +492,10 @@ impl Session {
                 if let Some(c) = creds.filter(|c| !c.registry_token.is_empty()) {
                     return Ok(format!("Bearer {}", c.registry_token));
                 }
+                let realm_url = reqwest::Url::parse(&realm)
+                    .map_err(|e| unauthorized(&format!("token realm {realm:?}: {e}")))?;
+                allowed_target(&realm_url, !ep.is_plain_http())
+                    .map_err(|why| unauthorized(&format!("token realm: {why}")))?;
                 let scope =
                     scope.unwrap_or_else(|| format!("repository:{}:pull", self.reference.path));
                 let token = fetch_token(client, &realm, service.as_deref(), &scope, creds)
@@ -704,6 +753,57 @@ mod tests {
             Some(creds),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_registry_may_not_send_crius_down_to_http_or_to_link_local_addresses() {
+        let url = |u: &str| reqwest::Url::parse(u).unwrap();
+        assert!(allowed_target(&url("https://cdn.example/blob"), true).is_ok());
+        assert!(allowed_target(&url("http://127.0.0.1:5000/v2/"), false).is_ok());
+        assert!(allowed_target(&url("http://registry.example/token"), true).is_err());
+        for target in [
+            "http://169.254.169.254/latest/meta-data/",
+            "https://169.254.170.2/v2/credentials",
+            "http://[fe80::1]/",
+        ] {
+            let err = allowed_target(&url(target), false).expect_err(target);
+            assert!(err.contains("link-local"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redirect_to_a_link_local_address_is_not_followed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut head = [0u8; 1024];
+                let _ = conn.read(&mut head).await;
+                let reply = "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://169.254.169.254/latest/meta-data/\r\nContent-Length: 0\r\n\r\n";
+                let _ = conn.write_all(reply.as_bytes()).await;
+            }
+        });
+        let endpoint = RegistryEndpoint {
+            base: format!("http://{addr}"),
+            path_prefix: "/v2".into(),
+            capabilities: Capabilities {
+                pull: true,
+                resolve: true,
+                push: false,
+            },
+            skip_verify: false,
+            ca: Vec::new(),
+            client: Vec::new(),
+            headers: Vec::new(),
+        };
+        let client = build_client(&endpoint).unwrap();
+        let err = client
+            .get(format!("http://{addr}/v2/repo/blobs/sha256:0"))
+            .send()
+            .await
+            .expect_err("redirected to the metadata service");
+        let chain = error_chain(&err);
+        assert!(chain.contains("link-local"), "{chain}");
     }
 
     #[tokio::test]
