@@ -308,7 +308,8 @@ pub fn write_rootfs_diff(upper: &Path, out: &Path) -> Result<Vec<String>, Checkp
     )
     .map_err(|e| io(format!("open {}", upper.display()))(e.into()))?;
     let mut deleted = Vec::new();
-    add_layer_dir(&mut tar, &root, Path::new(""), &mut deleted, 0)?;
+    let mut budget = ArchiveBudget::default();
+    add_layer_dir(&mut tar, &root, Path::new(""), &mut deleted, &mut budget, 0)?;
     tar.into_inner()
         .map_err(io("finish the rootfs diff"))?
         .flush()
@@ -350,6 +351,7 @@ fn add_layer_dir<W: Write>(
     dir: &std::os::fd::OwnedFd,
     relative: &Path,
     deleted: &mut Vec<String>,
+    budget: &mut ArchiveBudget,
     depth: usize,
 ) -> Result<(), CheckpointError> {
     use nix::fcntl::{AtFlags, OFlag};
@@ -381,20 +383,17 @@ fn add_layer_dir<W: Write>(
             let mut header = layer_header(&stat, tar::EntryType::Directory, 0);
             tar.append_data(&mut header, &inside, std::io::empty())
                 .map_err(failed("archive"))?;
-            add_layer_dir(tar, &child, &inside, deleted, depth + 1)?;
+            add_layer_dir(tar, &child, &inside, deleted, budget, depth + 1)?;
         } else if kind == SFlag::S_IFREG {
-            let fd = nix::fcntl::openat(
-                dir,
-                name.as_os_str(),
-                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            )
-            .map_err(|e| failed("open")(e.into()))?;
-            let stat = nix::sys::stat::fstat(&fd).map_err(|e| failed("stat")(e.into()))?;
+            let Some((fd, stat)) = open_regular_file(dir, &name).map_err(failed("open"))? else {
+                tracing::debug!(path = %inside.display(), "replaced by a non-file while checkpointed: left out");
+                continue;
+            };
             let size = u64::try_from(stat.st_size).unwrap_or_default();
+            budget.charge(&stat, size, &inside)?;
             let mut header = layer_header(&stat, tar::EntryType::Regular, size);
             // Exactly the size the header promises, even if the file changes meanwhile.
-            let content = std::io::Read::take(File::from(fd), size);
+            let content = std::io::Read::take(fd, size);
             let zeros = std::io::Read::take(std::io::repeat(0), size);
             let mut exact = std::io::Read::take(std::io::Read::chain(content, zeros), size);
             tar.append_data(&mut header, &inside, &mut exact)
@@ -414,6 +413,72 @@ fn add_layer_dir<W: Write>(
         }
     }
     Ok(())
+}
+
+/// What archiving a writable layer may write beyond what the layer holds on disk.
+const ARCHIVE_SLACK: u64 = 64 * 1024 * 1024;
+
+/// Keeps a layer's archive near the room the layer takes: the archive has no holes and
+/// stores each hard link's data again, so a sparse file of 16 TiB (no blocks) or a file of
+/// many names would otherwise be written out whole, onto the node's disk.
+#[derive(Default)]
+struct ArchiveBudget {
+    inodes: std::collections::HashSet<(u64, u64)>,
+    on_disk: u64,
+    archived: u64,
+}
+
+impl ArchiveBudget {
+    fn charge(
+        &mut self,
+        stat: &nix::sys::stat::FileStat,
+        size: u64,
+        path: &Path,
+    ) -> Result<(), CheckpointError> {
+        if self.inodes.insert((stat.st_dev, stat.st_ino)) {
+            let blocks = u64::try_from(stat.st_blocks).unwrap_or_default();
+            self.on_disk = self.on_disk.saturating_add(blocks.saturating_mul(512));
+        }
+        self.archived = self.archived.saturating_add(size);
+        if self.archived > self.on_disk.saturating_add(ARCHIVE_SLACK) {
+            return Err(CheckpointError::Invalid(format!(
+                "the writable layer would be archived at more than {} bytes, far beyond the {} \
+                 it takes on disk (at /{}: sparse files or hard links, which a checkpoint \
+                 stores whole)",
+                self.archived,
+                self.on_disk,
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Opens `name` in `dir` for reading only if it is a regular file: by O_PATH first (which
+/// opens nothing), then through that handle, so a name swapped for a device node or a FIFO
+/// in between is never opened. `None`: not a regular file (any more).
+fn open_regular_file(
+    dir: &std::os::fd::OwnedFd,
+    name: &std::ffi::OsStr,
+) -> std::io::Result<Option<(File, nix::sys::stat::FileStat)>> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::SFlag;
+    use std::os::fd::AsRawFd;
+    let path = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let stat = nix::sys::stat::fstat(&path)?;
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return Ok(None);
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", path.as_raw_fd()))?;
+    Ok(Some((file, stat)))
 }
 
 /// Whether overlayfs marked the directory open at `dir` opaque (what lower layers had
@@ -704,6 +769,38 @@ mod tests {
             }
         }
         panic!("{name} is not in the archive");
+    }
+
+    #[test]
+    fn a_layer_is_not_archived_far_beyond_what_it_holds_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = dir.path().join("upper");
+        std::fs::create_dir_all(&upper).unwrap();
+        std::fs::write(upper.join("small"), b"data").unwrap();
+        // A terabyte long, no blocks.
+        std::fs::File::create(upper.join("sparse"))
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let out = dir.path().join("diff.tar");
+        let err = write_rootfs_diff(&upper, &out).expect_err("a sparse terabyte");
+        assert!(err.to_string().contains("/sparse"), "{err}");
+        assert!(std::fs::metadata(&out).unwrap().len() < ARCHIVE_SLACK);
+
+        // Many names of one file: each would be stored whole.
+        std::fs::remove_file(upper.join("sparse")).unwrap();
+        std::fs::write(upper.join("big"), vec![1u8; 1 << 20]).unwrap();
+        for i in 0..100 {
+            std::fs::hard_link(upper.join("big"), upper.join(format!("name{i}"))).unwrap();
+        }
+        let err = write_rootfs_diff(&upper, &out).expect_err("100 names of a MiB");
+        assert!(err.to_string().contains("hard links"), "{err}");
+
+        // A few are fine.
+        for i in 5..100 {
+            std::fs::remove_file(upper.join(format!("name{i}"))).unwrap();
+        }
+        write_rootfs_diff(&upper, &out).expect("six names of a MiB");
     }
 
     #[test]
