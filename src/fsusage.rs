@@ -2,6 +2,7 @@
 //! background every stats period so `ImageFsInfo` never walks the tree on the RPC path.
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
@@ -17,46 +18,101 @@ pub struct Usage {
     pub timestamp: SystemTime,
 }
 
+/// How deep the walk goes; what a container nests deeper is not counted.
+const MAX_DEPTH: usize = 1024;
+
 /// Walks `root` without following symlinks or crossing into other filesystems, counting each
-/// inode once (hard links share one) and its allocated blocks.
+/// inode once (hard links share one) and its allocated blocks. Directories are opened
+/// relative to their parent's handle and never through a symlink: containers change their
+/// layers under the walk, and one that swaps a directory for a link to `/` must not send it
+/// through the node's files.
 pub fn measure(root: &Path) -> std::io::Result<Usage> {
+    use nix::fcntl::OFlag;
     let top = std::fs::symlink_metadata(root)?;
-    let dev = top.dev();
-    let mut seen = HashSet::new();
-    let mut used_bytes = 0u64;
-    let mut inodes_used = 0u64;
-    let mut stack = vec![root.to_path_buf()];
-    let mut count = |meta: &std::fs::Metadata| {
-        if meta.nlink() > 1 && !seen.insert(meta.ino()) {
+    let dir = nix::fcntl::open(
+        root,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let mut walk = Walk {
+        dev: top.dev(),
+        seen: HashSet::new(),
+        used_bytes: 0,
+        inodes_used: 0,
+    };
+    walk.count(top.ino(), top.nlink(), top.blocks());
+    walk.dir(&dir, 0);
+    Ok(Usage {
+        used_bytes: walk.used_bytes,
+        inodes_used: walk.inodes_used,
+        timestamp: SystemTime::now(),
+    })
+}
+
+struct Walk {
+    dev: u64,
+    seen: HashSet<u64>,
+    used_bytes: u64,
+    inodes_used: u64,
+}
+
+impl Walk {
+    fn count(&mut self, ino: u64, nlink: u64, blocks: u64) {
+        if nlink > 1 && !self.seen.insert(ino) {
             return;
         }
-        used_bytes += meta.blocks() * 512;
-        inodes_used += 1;
-    };
-    count(&top);
-    while let Some(dir) = stack.pop() {
-        // Entries vanish while containerd works: skip what disappears.
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else {
+        self.used_bytes += blocks * 512;
+        self.inodes_used += 1;
+    }
+
+    /// Counts what is in the directory open at `dir`. Entries vanish while containerd and
+    /// the containers work: what disappears (or stops being a directory) is skipped.
+    fn dir(&mut self, dir: &OwnedFd, depth: usize) {
+        use nix::fcntl::{AtFlags, OFlag};
+        use nix::sys::stat::SFlag;
+        for name in names(dir) {
+            let Ok(stat) =
+                nix::sys::stat::fstatat(dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            else {
                 continue;
             };
-            if meta.dev() != dev {
+            if stat.st_dev != self.dev {
                 continue;
             }
-            count(&meta);
-            if meta.is_dir() {
-                stack.push(entry.path());
+            let blocks = u64::try_from(stat.st_blocks).unwrap_or_default();
+            self.count(stat.st_ino, stat.st_nlink, blocks);
+            let is_dir = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
+            if !is_dir || depth >= MAX_DEPTH {
+                continue;
+            }
+            if let Ok(child) = nix::fcntl::openat(
+                dir,
+                name.as_os_str(),
+                OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            ) {
+                self.dir(&child, depth + 1);
             }
         }
     }
-    Ok(Usage {
-        used_bytes,
-        inodes_used,
-        timestamp: SystemTime::now(),
-    })
+}
+
+/// The names in the directory open at `dir` (none if it cannot be listed).
+fn names(dir: &OwnedFd) -> Vec<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(copy) = dir.try_clone() else {
+        return Vec::new();
+    };
+    let Ok(mut listing) = nix::dir::Dir::from_fd(copy) else {
+        return Vec::new();
+    };
+    listing
+        .iter()
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_bytes().to_vec())
+        .filter(|name| name != b"." && name != b"..")
+        .map(|name| std::ffi::OsStr::from_bytes(&name).to_os_string())
+        .collect()
 }
 
 /// The image filesystem and its latest measured usage.
@@ -125,6 +181,22 @@ mod tests {
         assert_eq!(usage.inodes_used, 3);
         assert!(usage.used_bytes >= 64 * 1024, "{usage:?}");
         assert!(usage.used_bytes < 2 * 64 * 1024 + 64 * 1024, "{usage:?}");
+    }
+
+    #[test]
+    fn a_link_to_a_directory_is_counted_not_walked() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(root.join("layer")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        for i in 0..10 {
+            std::fs::write(outside.join(format!("f{i}")), b"x").unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, root.join("layer/escape")).unwrap();
+        let usage = measure(&root).unwrap();
+        // root, layer, and the link itself.
+        assert_eq!(usage.inodes_used, 3, "{usage:?}");
     }
 
     #[test]
