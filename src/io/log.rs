@@ -151,17 +151,35 @@ impl LogFile {
 
     /// Writes formatted entries in one write; whole entries never interleave.
     pub fn write_entries(&self, entries: &[u8]) {
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = file.write_all(entries) {
-            tracing::warn!(path = %self.path.display(), error = %e, "writing container log failed");
-        }
+        blocking(|| {
+            let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = file.write_all(entries) {
+                tracing::warn!(path = %self.path.display(), error = %e, "writing container log failed");
+            }
+        });
     }
 
     /// Opens the path again (the old file was rotated away).
     pub fn reopen(&self) -> std::io::Result<()> {
-        let fresh = open_append(&self.path)?;
-        *self.file.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
-        Ok(())
+        blocking(|| {
+            let fresh = open_append(&self.path)?;
+            *self.file.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+            Ok(())
+        })
+    }
+}
+
+/// Runs file work that may sleep (a write throttled while the disk falls behind a
+/// container's flood of output, or the lock of one) as blocking work: the async worker
+/// hands its other tasks on first, so the daemon's RPCs and every other container's output
+/// go on meanwhile.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
     }
 }
 
@@ -257,6 +275,49 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
         assert!(LogFile::open(&link).is_err());
         assert!(!elsewhere.exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_log_write_that_blocks_leaves_the_worker_to_other_tasks() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A FIFO stands in for a disk that does not keep up: writes past what it holds wait.
+        let path = dir.path().join("slow.log");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .unwrap();
+        let log = std::sync::Arc::new(LogFile::open(&path).unwrap());
+        // The "disk" catches up after a second.
+        let drain = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            let mut reader = reader;
+            let mut read = 0;
+            let mut buf = [0u8; 65536];
+            while read < 1 << 20 {
+                match std::io::Read::read(&mut reader, &mut buf) {
+                    Ok(n) => read += n,
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                }
+            }
+            read
+        });
+        let started = std::time::Instant::now();
+        let writer = {
+            let log = log.clone();
+            tokio::spawn(async move { log.write_entries(&vec![b'x'; 1 << 20]) })
+        };
+        // The only worker's other tasks still run while the write waits.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let ticked = started.elapsed();
+        assert!(
+            ticked < std::time::Duration::from_millis(900),
+            "the blocked write held the worker for {ticked:?}"
+        );
+        writer.await.unwrap();
+        assert_eq!(drain.join().unwrap(), 1 << 20);
     }
 
     #[test]
