@@ -125,6 +125,40 @@ pub fn check_argv(argv: &[String]) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// Refuses an image `WorkingDir` runc cannot take: not absolute, a NUL, or longer than a
+/// path may be (runc echoes it in its error, and a long one hangs runc as a long program
+/// name does). The CRI's `working_dir` is checked with the request.
+fn check_image_working_dir(dir: &str) -> Result<(), SpecError> {
+    if dir.is_empty() {
+        return Ok(());
+    }
+    if !dir.starts_with('/') || dir.contains('\0') || dir.len() > MAX_PROGRAM_BYTES {
+        let shown: String = dir.chars().take(64).collect();
+        return Err(SpecError::Invalid(format!(
+            "the image's working directory {shown:?} ({} bytes) is not an absolute path runc can take",
+            dir.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses image environment entries `execve` cannot take (a NUL, or longer than the
+/// kernel's bound on one string).
+fn check_image_env(env: &[String]) -> Result<(), SpecError> {
+    if let Some(entry) = env
+        .iter()
+        .find(|e| e.contains('\0') || e.len() > MAX_ARG_BYTES)
+    {
+        let name = entry.split('=').next().unwrap_or_default();
+        let shown: String = name.chars().take(64).collect();
+        return Err(SpecError::Invalid(format!(
+            "the image's environment variable {shown:?} ({} bytes) cannot be passed to a process",
+            entry.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The image's environment with the CRI's variables replacing those of the same name.
 pub fn merge_env(image_env: &[String], cri_env: &[(String, String)]) -> Vec<String> {
     let mut env: Vec<String> = image_env.to_vec();
@@ -480,16 +514,21 @@ fn container_process(
             )
         })
         .collect();
-    let mut env = merge_env(&input.image.env.clone().unwrap_or_default(), &cri_env);
+    let image_env = input.image.env.clone().unwrap_or_default();
+    check_image_env(&image_env)?;
+    let mut env = merge_env(&image_env, &cri_env);
     // The pod's hostname, unless the image or the config set HOSTNAME (containerd's order).
     if !env.iter().any(|e| e.split('=').next() == Some("HOSTNAME")) {
         env.insert(0, format!("HOSTNAME={}", input.hostname));
     }
-    let cwd = [&config.working_dir, &input.image.working_dir]
-        .into_iter()
-        .find(|dir| !dir.is_empty())
-        .cloned()
-        .unwrap_or_else(|| "/".to_string());
+    let cwd = if config.working_dir.is_empty() {
+        check_image_working_dir(&input.image.working_dir)?;
+        Some(&input.image.working_dir).filter(|dir| !dir.is_empty())
+    } else {
+        Some(&config.working_dir)
+    }
+    .cloned()
+    .unwrap_or_else(|| "/".to_string());
     let (permitted, ambient) = container_capabilities(security)?;
     let mut process = ProcessBuilder::default()
         .terminal(config.tty)
@@ -837,6 +876,24 @@ mod tests {
             strings(&["sh"])
         );
         assert!(process_args(&[], &[], &image(&[], &[])).is_err());
+    }
+
+    #[test]
+    fn image_working_dir_and_env_that_runc_cannot_take_are_refused() {
+        assert!(check_image_working_dir("").is_ok());
+        assert!(check_image_working_dir("/app").is_ok());
+        for bad in [
+            "app",
+            "/a\0b",
+            &format!("/{}", "d".repeat(MAX_PROGRAM_BYTES)),
+        ] {
+            assert!(check_image_working_dir(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_image_env(&["PATH=/bin".into()]).is_ok());
+        let huge = format!("BIG={}", "x".repeat(MAX_ARG_BYTES));
+        let err = check_image_env(&["PATH=/bin".into(), huge]).expect_err("huge");
+        assert!(err.to_string().contains("\"BIG\""), "{err}");
+        assert!(check_image_env(&["A=b\0c".into()]).is_err());
     }
 
     #[test]
