@@ -46,6 +46,27 @@ pub struct ProcessIo {
     console: Option<std::sync::Arc<AsyncFd<OwnedFd>>>,
     /// The copy from the stdin FIFO into the terminal.
     stdin_copy: Option<JoinHandle<()>>,
+    /// The copy from the terminal to the stdout FIFO.
+    output_copy: Option<tokio::task::AbortHandle>,
+}
+
+/// How long a terminal's output may keep draining after its process exited. A terminal
+/// the process handed to someone else (a sibling container) never closes: its copy, the
+/// terminal and the FIFO would be kept for the pod's life, one set per restart.
+const TERMINAL_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Drop for ProcessIo {
+    fn drop(&mut self) {
+        for copy in [
+            self.stdin_copy.take().map(|c| c.abort_handle()),
+            self.output_copy.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            copy.abort();
+        }
+    }
 }
 
 impl ProcessIo {
@@ -80,10 +101,21 @@ impl ProcessIo {
     }
 
     /// Drops what the shim holds once the process has exited. Terminal output keeps
-    /// draining until the terminal closes.
+    /// draining until the terminal closes, for [`TERMINAL_DRAIN`] at most.
     pub fn release(&mut self) {
         self.held.clear();
         self.close_stdin();
+        if let Some(copy) = self.output_copy.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        tokio::time::sleep(TERMINAL_DRAIN).await;
+                        copy.abort();
+                    });
+                }
+                Err(_) => copy.abort(),
+            }
+        }
     }
 }
 
@@ -290,16 +322,20 @@ fn receive_fd(socket: i32) -> io::Result<OwnedFd> {
 pub fn attach_console(master: OwnedFd, paths: &StdioPaths) -> io::Result<ProcessIo> {
     set_blocking(&master, false)?;
     let console = std::sync::Arc::new(async_fd(master)?);
+    let mut output_copy = None;
     if !paths.stdout.is_empty() {
         let stdout = open_read_write(Path::new(&paths.stdout), libc::O_NONBLOCK)
             .map_err(|e| with_path(e, "open output", Path::new(&paths.stdout)))?;
         let stdout = async_fd(stdout)?;
         let from = console.clone();
-        tokio::spawn(async move {
-            if let Err(e) = copy(&from, &stdout).await {
-                log::debug!("terminal output copy ended: {e}");
-            }
-        });
+        output_copy = Some(
+            tokio::spawn(async move {
+                if let Err(e) = copy(&from, &stdout).await {
+                    log::debug!("terminal output copy ended: {e}");
+                }
+            })
+            .abort_handle(),
+        );
     }
     let stdin_copy = if paths.stdin.is_empty() {
         None
@@ -320,6 +356,7 @@ pub fn attach_console(master: OwnedFd, paths: &StdioPaths) -> io::Result<Process
         stdin_hold: None,
         console: Some(console),
         stdin_copy,
+        output_copy,
     })
 }
 
