@@ -4,11 +4,12 @@
 
 use containerd_client::types::v1::Status as ProcessStatus;
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::events::{TaskExitEvent, TaskExitHandler};
 use crate::server::CriService;
-use crate::store::{ContainerState, SandboxState};
+use crate::store::{Container, ContainerState, SandboxState};
 
 /// The exit code recorded when a task vanished without telling how it ended.
 pub const UNKNOWN_EXIT_CODE: u32 = 255;
@@ -24,22 +25,7 @@ impl TaskExitHandler for CriService {
         if let Ok(Some(container)) = self.containers.get(&event.container_id)
             && container.id() == event.container_id
         {
-            let service = self.clone();
-            tokio::spawn(async move {
-                // Let a start in progress record RUNNING first; skip a removed container.
-                drop(container.lifecycle.lock().await);
-                if service
-                    .containers
-                    .get(container.id())
-                    .ok()
-                    .flatten()
-                    .is_some()
-                {
-                    service
-                        .handle_container_exit(&container, event.exit_status, event.exited_at)
-                        .await;
-                }
-            });
+            self.record_exit_later(container, event.exit_status, event.exited_at);
             return;
         }
         let Ok(Some(sandbox)) = self.sandboxes.get(&event.container_id) else {
@@ -89,6 +75,40 @@ impl TaskExitHandler for CriService {
     }
 
     async fn resync_tasks(&self) -> usize {
+        let mut exited = Vec::new();
+        let unchecked = self.recheck_tasks(&mut exited).await;
+        // Recording an exit drains the container's output and deletes its task (seconds
+        // when a shim is slow): each on its own, not one after another on the event loop.
+        for (container, code, at) in exited {
+            self.record_exit_later(container, code, at);
+        }
+        unchecked
+    }
+}
+
+impl CriService {
+    /// Records a container's exit in a task of its own, after any start, stop or removal in
+    /// progress (a start records RUNNING first; a removed container is skipped).
+    fn record_exit_later(&self, container: Arc<Container>, code: u32, at: SystemTime) {
+        let service = self.clone();
+        tokio::spawn(async move {
+            drop(container.lifecycle.lock().await);
+            if service
+                .containers
+                .get(container.id())
+                .ok()
+                .flatten()
+                .is_some()
+            {
+                service.handle_container_exit(&container, code, at).await;
+            }
+        });
+    }
+
+    /// Asks containerd about every running container and ready sandbox (after the event
+    /// stream broke): marks sandboxes whose pause task ended NOTREADY and collects the
+    /// containers whose task ended in `exited`. Returns how many could not be asked.
+    async fn recheck_tasks(&self, exited: &mut Vec<(Arc<Container>, u32, SystemTime)>) -> usize {
         let mut unchecked = 0;
         for container in self.containers.list() {
             // One being started, stopped or removed is settled by that operation.
@@ -107,11 +127,10 @@ impl TaskExitHandler for CriService {
                         .exit
                         .map(|e| (e.code, e.at))
                         .unwrap_or((UNKNOWN_EXIT_CODE, SystemTime::now()));
-                    self.handle_container_exit(&container, code, at).await;
+                    exited.push((container.clone(), code, at));
                 }
                 Ok(None) => {
-                    self.handle_container_exit(&container, UNKNOWN_EXIT_CODE, SystemTime::now())
-                        .await;
+                    exited.push((container.clone(), UNKNOWN_EXIT_CODE, SystemTime::now()));
                 }
                 Err(e) => {
                     unchecked += 1;
