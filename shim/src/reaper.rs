@@ -141,5 +141,23 @@ mod tests {
             .spawn(Command::new("sh").args(["-c", "kill -40 $$"]))
             .expect("spawn sh");
         assert_eq!(status.await.expect("status"), 128 + 40);
+
+        // A runc command past its time limit is killed (here: in this one test, as two
+        // reapers in one process would take each other's children).
+        let (pid, mut status) = reaper
+            .spawn(Command::new("sleep").arg("30"))
+            .expect("spawn sleep");
+        let limit = Some(std::time::Duration::from_millis(200));
+        let err = crate::runc::within_limit("kill", limit, pid, &mut status, async {})
+            .await
+            .expect_err("sleep 30 within 200 ms");
+        assert!(err.to_string().contains("was killed"), "{err}");
+        let code = tokio::time::timeout(std::time::Duration::from_secs(5), status)
+            .await
+            .expect("the killed command was reaped")
+            .expect("status");
+        assert_eq!(code, 128 + 9);
+        assert!(crate::runc::time_limit("checkpoint").is_none());
+        assert!(crate::runc::time_limit("create").is_some());
     }
 }

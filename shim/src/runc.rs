@@ -346,12 +346,19 @@ impl Runc {
             .stdout(to_stdio(stdio.stdout))
             .stderr(to_stdio(stdio.stderr));
         let log_start = log_length(&self.log);
-        let (_, status) = reaper
+        let (pid, mut status) = reaper
             .spawn(&mut command)
             .map_err(|source| RuncError::Spawn { verb, source })?;
         // The command holds the container's stdio; the shim's copies close with it.
         drop(command);
-        let code = status.await.unwrap_or(255);
+        let ((), code) = within_limit(
+            verb,
+            time_limit(verb),
+            pid,
+            &mut status,
+            std::future::ready(()),
+        )
+        .await?;
         if code == 0 {
             return Ok(());
         }
@@ -380,15 +387,18 @@ impl Runc {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let log_start = log_length(&self.log);
-        let (stdin, stdout, stderr, status) =
+        let (pid, stdin, stdout, stderr, mut status) =
             spawn_with_pipes(reaper, &mut command).map_err(spawn_error)?;
         let write_input = async {
             if let (Some(mut stdin), Some(input)) = (stdin, input) {
                 let _ = stdin.write_all(&input).await;
             }
         };
-        let (_, out, err) = tokio::join!(write_input, read_all(stdout), read_all(stderr));
-        let code = status.await.unwrap_or(255);
+        let io = async {
+            let (_, out, err) = tokio::join!(write_input, read_all(stdout), read_all(stderr));
+            (out, err)
+        };
+        let ((out, err), code) = within_limit(verb, time_limit(verb), pid, &mut status, io).await?;
         if code == 0 {
             return Ok(out);
         }
@@ -401,6 +411,7 @@ impl Runc {
 }
 
 type Pipes = (
+    i32,
     Option<pipe::Sender>,
     Option<pipe::Receiver>,
     Option<pipe::Receiver>,
@@ -409,7 +420,7 @@ type Pipes = (
 
 /// Spawns through the reaper and turns the child's pipes into async ones.
 fn spawn_with_pipes(reaper: &Reaper, command: &mut Command) -> std::io::Result<Pipes> {
-    let (_, (stdin, stdout, stderr), status) = reaper.spawn_with(command, |child| {
+    let (pid, (stdin, stdout, stderr), status) = reaper.spawn_with(command, |child| {
         let stdin = child.stdin.take().map(OwnedFd::from);
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
@@ -418,7 +429,52 @@ fn spawn_with_pipes(reaper: &Reaper, command: &mut Command) -> std::io::Result<P
     let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
     let stdout = stdout.map(pipe::Receiver::from_owned_fd).transpose()?;
     let stderr = stderr.map(pipe::Receiver::from_owned_fd).transpose()?;
-    Ok((stdin, stdout, stderr, status))
+    Ok((pid, stdin, stdout, stderr, status))
+}
+
+/// How long one runc command may take before it is killed: a runc stuck (on a frozen
+/// cgroup, a hook that never returns) would otherwise hold its container's operations for
+/// good. CRIU's checkpoint and restore take what the container's memory needs.
+const RUNC_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+pub(crate) fn time_limit(verb: &str) -> Option<std::time::Duration> {
+    (!matches!(verb, "checkpoint" | "restore")).then_some(RUNC_TIME_LIMIT)
+}
+
+/// Runs `io` (the command's pipes) and waits for its exit status, both within `limit`;
+/// past it the command is killed. Returns what `io` gave and the exit code.
+pub(crate) async fn within_limit<T>(
+    verb: &'static str,
+    limit: Option<std::time::Duration>,
+    pid: i32,
+    status: &mut tokio::sync::oneshot::Receiver<u32>,
+    io: impl std::future::Future<Output = T>,
+) -> Result<(T, u32), RuncError> {
+    let finished = async {
+        let out = io.await;
+        let code = (&mut *status).await.unwrap_or(255);
+        (out, code)
+    };
+    let Some(limit) = limit else {
+        return Ok(finished.await);
+    };
+    match tokio::time::timeout(limit, finished).await {
+        Ok(done) => Ok(done),
+        Err(_) => {
+            // No status yet: the reaper has not collected it, so the pid is still runc's.
+            if matches!(
+                status.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+            ) {
+                // SAFETY: a signal to our own child, not reaped yet.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            Err(RuncError::Failed {
+                verb,
+                message: format!("runc did not finish within {limit:?} and was killed"),
+            })
+        }
+    }
 }
 
 async fn read_all(pipe: Option<pipe::Receiver>) -> Vec<u8> {
