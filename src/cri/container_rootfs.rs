@@ -377,36 +377,56 @@ fn next_data(file: &std::fs::File, at: u64, len: u64) -> std::io::Result<Option<
 
 /// Gives a volume crius made (a copy of the image's content) to a pod in its own user
 /// namespace: each owner becomes its host ID in the pod's range (one the range does not map
-/// stays, and shows as "nobody" inside). Modes are kept; links are not followed.
+/// stays, and shows as "nobody" inside). Modes are kept; links are not followed. Also
+/// shifts an image's files through an overlay mount (the "copy" rootfs): there each chown
+/// copies the file up, and a second name of a hard-linked file would be copied up again
+/// in full, so later names are linked to the first one's copy instead.
 pub(crate) fn shift_owners(path: &Path, mappings: &crate::userns::Mappings) -> std::io::Result<()> {
-    shift_tree(path, mappings, 0)
+    OwnerShift {
+        mappings,
+        linked: std::collections::HashMap::new(),
+    }
+    .shift(path, 0)
 }
 
-fn shift_tree(
-    path: &Path,
-    mappings: &crate::userns::Mappings,
-    depth: usize,
-) -> std::io::Result<()> {
-    if depth > MAX_DEPTH {
-        return Err(std::io::Error::other(format!(
-            "{} nests more than {MAX_DEPTH} directories deep",
-            path.display()
-        )));
-    }
-    let meta = std::fs::symlink_metadata(path)?;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            shift_tree(&entry?.path(), mappings, depth + 1)?;
+struct OwnerShift<'a> {
+    mappings: &'a crate::userns::Mappings,
+    /// Regular files with more than one name, by inode: the first name shifted.
+    linked: std::collections::HashMap<(u64, u64), std::path::PathBuf>,
+}
+
+impl OwnerShift<'_> {
+    fn shift(&mut self, path: &Path, depth: usize) -> std::io::Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(std::io::Error::other(format!(
+                "{} nests more than {MAX_DEPTH} directories deep",
+                path.display()
+            )));
         }
+        let meta = std::fs::symlink_metadata(path)?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path)? {
+                self.shift(&entry?.path(), depth + 1)?;
+            }
+        }
+        if meta.is_file() && meta.nlink() > 1 {
+            let inode = (meta.dev(), meta.ino());
+            if let Some(first) = self.linked.get(&inode) {
+                // Shifted already under its first name: this name becomes a link to it.
+                std::fs::remove_file(path)?;
+                return std::fs::hard_link(first, path);
+            }
+            self.linked.insert(inode, path.to_path_buf());
+        }
+        let uid = self.mappings.uids.to_host(meta.uid()).unwrap_or(meta.uid());
+        let gid = self.mappings.gids.to_host(meta.gid()).unwrap_or(meta.gid());
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+        if !meta.is_symlink() {
+            // chown cleared the setuid and setgid bits.
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+        }
+        Ok(())
     }
-    let uid = mappings.uids.to_host(meta.uid()).unwrap_or(meta.uid());
-    let gid = mappings.gids.to_host(meta.gid()).unwrap_or(meta.gid());
-    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
-    if !meta.is_symlink() {
-        // chown cleared the setuid and setgid bits.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
-    }
-    Ok(())
 }
 
 /// Owner first: chown clears the setuid and setgid bits the mode may carry.
@@ -491,6 +511,59 @@ mod tests {
                 container_path: "/logs".into(),
                 host_path: PathBuf::from("/root/c1/volumes/0"),
             }]
+        );
+    }
+
+    #[test]
+    fn shifting_an_image_through_overlayfs_copies_a_hard_linked_file_up_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let [lower, upper, work, merged] =
+            ["lower", "upper", "work", "merged"].map(|d| dir.path().join(d));
+        for d in [&lower.join("sub"), &upper, &work, &merged] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(lower.join("big"), vec![1u8; 1 << 20]).unwrap();
+        for i in 0..20 {
+            std::fs::hard_link(lower.join("big"), lower.join(format!("sub/name{i}"))).unwrap();
+        }
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        if let Err(e) = nix::mount::mount(
+            Some("overlay"),
+            &merged,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(options.as_str()),
+        ) {
+            eprintln!("no overlay mount here ({e}): skipped");
+            return;
+        }
+        let range = crate::userns::IdRange {
+            container_id: 0,
+            host_id: 100000,
+            size: 65536,
+        };
+        let mappings = crate::userns::Mappings {
+            uids: range,
+            gids: range,
+        };
+        let shifted = shift_owners(&merged, &mappings);
+        let seen = std::fs::metadata(merged.join("sub/name7")).map(|m| m.uid());
+        nix::mount::umount(&merged).unwrap();
+        shifted.unwrap();
+        assert_eq!(seen.unwrap(), 100000);
+        let big = std::fs::metadata(upper.join("big")).unwrap();
+        assert_eq!(big.uid(), 100000);
+        assert_eq!(big.nlink(), 21, "every name is one copied-up file");
+        let name = std::fs::metadata(upper.join("sub/name7")).unwrap();
+        assert_eq!(name.ino(), big.ino());
+        assert_eq!(
+            std::fs::read(upper.join("sub/name7")).unwrap(),
+            vec![1u8; 1 << 20]
         );
     }
 
