@@ -102,6 +102,10 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
                 continue;
             }
         };
+        if metadata.id != record.id {
+            tracing::warn!(sandbox = %record.id, metadata_id = %metadata.id, "skipping a sandbox whose metadata names another id");
+            continue;
+        }
         if !service.sandbox_was_started(&metadata.id) {
             let running = matches!(&task, Ok(Ok(Some(t))) if t.status == ProcessStatus::Running);
             // The network is recorded once CNI ADD and the pause task both succeeded.
@@ -172,6 +176,10 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
                 continue;
             }
         };
+        if metadata.id != record.id {
+            tracing::warn!(container = %record.id, metadata_id = %metadata.id, "skipping a container whose metadata names another id");
+            continue;
+        }
         let id = metadata.id.clone();
         let status_path = service.container_root_dir(&id).join("status");
         let status = match read_status(&status_path) {
@@ -400,11 +408,27 @@ pub async fn clean_up_leftovers(service: &CriService) {
         Err(e) => tracing::warn!(error = %e, "cannot list leases to clean up"),
     }
 
+    // What containerd still has a record of is no leftover, even when crius could not take
+    // it back (its metadata unreadable, its FIFOs not made): removing its netns, snapshot or
+    // files would tear down a pod that still runs.
+    let recorded: std::collections::HashSet<String> = match service
+        .containerd
+        .list_containers(Vec::new())
+        .await
+    {
+        Ok(records) => records.into_iter().map(|r| r.id).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list containerd's records: leftovers stay until the next start");
+            return;
+        }
+    };
     let config = &service.config;
     // First, so no snapshot below is removed under its idmapped mount.
     service.remove_stray_idmapped_rootfs(&|id| {
         let known_sandbox = service.sandboxes.get(id).ok().flatten().is_some();
-        known_sandbox || service.containers.get(id).ok().flatten().is_some()
+        known_sandbox
+            || service.containers.get(id).ok().flatten().is_some()
+            || recorded.contains(id)
     });
     let mut sandbox_ids = entries(&config.root.join("sandboxes"));
     sandbox_ids.extend(entries(&config.state.join("sandboxes")));
@@ -418,6 +442,7 @@ pub async fn clean_up_leftovers(service: &CriService) {
             .ok()
             .flatten()
             .is_some_and(|s| s.id() == id)
+            || recorded.contains(&id)
         {
             continue;
         }
@@ -425,11 +450,15 @@ pub async fn clean_up_leftovers(service: &CriService) {
         let note = service
             .sandbox_root_dir(&id)
             .join(crate::cri::sandbox::NETNS_NOTE);
-        if let Ok(netns) = std::fs::read_to_string(&note)
+        if let Ok(netns) = crate::fsutil::read_bounded_string(&note, 4096)
             && !netns.trim().is_empty()
-            && let Err(e) = crate::netns::remove(Path::new(netns.trim())).await
         {
-            tracing::warn!(sandbox = %id, error = %e, "removing a leftover netns failed");
+            let netns = Path::new(netns.trim());
+            if !crate::netns::is_pinned_by_crius(netns) {
+                tracing::warn!(sandbox = %id, netns = %netns.display(), "a leftover's netns note names no netns of crius's: left alone");
+            } else if let Err(e) = crate::netns::remove(netns).await {
+                tracing::warn!(sandbox = %id, error = %e, "removing a leftover netns failed");
+            }
         }
         remove_snapshot(service, &id).await;
         if let Err(e) = service.unmount_image_volumes(&id).await {
@@ -462,6 +491,7 @@ pub async fn clean_up_leftovers(service: &CriService) {
             .ok()
             .flatten()
             .is_some_and(|c| c.id() == id)
+            || recorded.contains(&id)
         {
             continue;
         }

@@ -813,3 +813,39 @@ async fn ten_pods_come_back_identical_after_crius_is_killed() {
         network.reserved_ips()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_crius_cannot_take_back_is_left_running_not_torn_down() {
+    let mut crius = Crius::start().await;
+    let mut pod = pod(&crius, "untakeable").await;
+    let id = pod
+        .run(container("sleeper", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    crius.kill().await;
+    // Its FIFOs cannot be made again: something is in the way of their directory.
+    let io = crius.config.state.join("containers").join(&id).join("io");
+    std::fs::remove_dir_all(&io).expect("remove the FIFOs");
+    std::fs::write(&io, b"in the way").expect("block the FIFO dir");
+    crius.restart_after_crash().await;
+
+    // Skipped at start-up, but containerd still runs it: its files and its writable layer
+    // stay, and so does its task.
+    assert!(crius.config.root.join("containers").join(&id).exists());
+    let snapshots = crius.ctr(&["snapshots", "ls"]);
+    assert!(snapshots.contains(&id), "its snapshot went: {snapshots}");
+    let tasks = crius.ctr(&["tasks", "ls"]);
+    assert!(
+        tasks
+            .lines()
+            .any(|l| l.starts_with(&id) && l.contains("RUNNING")),
+        "{tasks}"
+    );
+
+    // Taken back once the way is clear, and torn down as usual.
+    std::fs::remove_file(&io).expect("clear the way");
+    crius.restart_after_crash().await;
+    pod.client = crius.client().await;
+    pod.stop(&id, 5).await;
+    pod.remove(&id).await;
+    pod.remove_pod().await;
+}
