@@ -136,6 +136,23 @@ fn create_on_this_thread(path: &Path) -> Result<(), NetnsError> {
 }
 
 /// Unmounts and removes a pinned namespace; a missing one is fine.
+/// Whether `path` is one crius makes: `/var/run/netns/cni-<32 hex digits>`. A path read
+/// back from disk or from a record is removed only then (removal unmounts and deletes what
+/// is there).
+pub fn is_pinned_by_crius(path: &Path) -> bool {
+    path.parent() == Some(Path::new(NETNS_DIR))
+        && path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("cni-"))
+            .is_some_and(|hex| {
+                hex.len() == 32
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            })
+}
+
 pub async fn remove(path: &Path) -> Result<(), NetnsError> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || remove_blocking(&path))
@@ -221,6 +238,21 @@ pub fn is_pinned(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_crius_netns_paths_are_taken_for_removal() {
+        let ours = format!("{NETNS_DIR}/cni-{:032x}", 0xabcdu128);
+        assert!(is_pinned_by_crius(Path::new(&ours)));
+        for other in [
+            "/etc/shadow",
+            "/var/run/netns/cni-../../etc",
+            "/var/run/netns/cni-ABCDEF0123456789abcdef0123456789",
+            "/var/run/netns/other",
+            "/var/run/netns/sub/cni-0000000000000000000000000000abcd",
+        ] {
+            assert!(!is_pinned_by_crius(Path::new(other)), "{other}");
+        }
+    }
 
     #[tokio::test]
     async fn create_pin_and_remove_twice() {

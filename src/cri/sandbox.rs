@@ -288,7 +288,14 @@ impl CriService {
         self.unmount_sandbox_shm(&id);
         self.unmount_image_volumes(&id).await?;
         if !metadata.netns_path.is_empty() {
-            crate::netns::remove(Path::new(&metadata.netns_path))
+            let netns = Path::new(&metadata.netns_path);
+            if !crate::netns::is_pinned_by_crius(netns) {
+                return Err(Status::internal(format!(
+                    "the pod's record names {} as its netns, which crius did not make: not removed",
+                    netns.display()
+                )));
+            }
+            crate::netns::remove(netns)
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?;
         }
