@@ -247,15 +247,8 @@ fn load(dirs: &[PathBuf]) -> Loaded {
 }
 
 fn read_spec(path: &Path) -> Result<SpecFile, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut text = Vec::new();
-    file.take(MAX_SPEC_FILE + 1)
-        .read_to_end(&mut text)
-        .map_err(|e| e.to_string())?;
-    if text.len() as u64 > MAX_SPEC_FILE {
-        return Err(format!("larger than {MAX_SPEC_FILE} bytes"));
-    }
+    // Only a regular file: a FIFO or device in a spec dir is an error, never waited on.
+    let text = crate::fsutil::read_bounded(path, MAX_SPEC_FILE).map_err(|e| e.to_string())?;
     let spec: SpecFile = if path.extension().is_some_and(|e| e == "json") {
         serde_json::from_slice(&text).map_err(|e| e.to_string())?
     } else {

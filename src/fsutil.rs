@@ -76,11 +76,17 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
         std::process::id()
     ));
     let result = (|| {
+        // A temp file left by a crash (or planted as a link) is not written through.
+        match std::fs::symlink_metadata(&tmp) {
+            Ok(_) => std::fs::remove_file(&tmp)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         file.write_all(data)?;
         file.sync_all()?;
@@ -92,9 +98,86 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
     result
 }
 
+/// Reads a small file someone else may have made: only a regular file (a FIFO or device at
+/// the path is an error, never waited on), at most `limit` bytes (more is an error).
+pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    if meta.len() > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is larger than {limit} bytes", path.display()),
+        ));
+    }
+    let mut data = Vec::new();
+    file.take(limit + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is larger than {limit} bytes", path.display()),
+        ));
+    }
+    Ok(data)
+}
+
+/// As [`read_bounded`], as text.
+pub fn read_bounded_string(path: &Path, limit: u64) -> std::io::Result<String> {
+    String::from_utf8(read_bounded(path, limit)?).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_read_takes_only_a_small_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small");
+        std::fs::write(&small, b"ok").unwrap();
+        assert_eq!(read_bounded(&small, 2).unwrap(), b"ok");
+        assert!(read_bounded(&small, 1).is_err(), "larger than the limit");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // No writer: opening it to read would wait for ever without O_NONBLOCK.
+        let err = read_bounded(&fifo, 1024).expect_err("a FIFO");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert!(read_bounded(Path::new("/dev/zero"), 1024).is_err());
+        std::os::unix::fs::symlink(&small, dir.path().join("link")).unwrap();
+        assert_eq!(
+            read_bounded_string(&dir.path().join("link"), 16).unwrap(),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn an_atomic_write_does_not_write_through_a_planted_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let path = dir.path().join("state");
+        let tmp = dir
+            .path()
+            .join(format!(".state.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        write_atomic(&path, b"new", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
     use std::os::unix::fs::symlink;
 
     #[test]

@@ -193,3 +193,49 @@ async fn a_hanging_plugin_times_out() {
     assert!(matches!(err, CniError::Timeout { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+#[tokio::test]
+async fn a_plugin_that_prints_without_end_is_cut_off() {
+    let bin = tempfile::tempdir().unwrap();
+    let loud = bin.path().join("loopback");
+    // 3 MB of "result", then a clean exit.
+    std::fs::write(&loud, "#!/bin/sh\nhead -c 3000000 /dev/zero | tr '\\0' x\n").unwrap();
+    std::fs::set_permissions(&loud, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = setup("1.0.0", 207, Some(bin.path().to_path_buf()));
+    let pod = pod(&s.root, "loud");
+    let err = s.network.setup(&pod, &Map::new()).await.unwrap_err();
+    assert!(err.to_string().contains("larger than"), "{err}");
+}
+
+#[tokio::test]
+async fn a_timed_out_plugin_takes_what_it_started_with_it() {
+    let bin = tempfile::tempdir().unwrap();
+    let slow = bin.path().join("loopback");
+    let child_pid = bin.path().join("child.pid");
+    // Starts a delegate (as an IPAM plugin would be), then hangs.
+    std::fs::write(
+        &slow,
+        format!(
+            "#!/bin/sh\nsleep 300 &\necho $! > {}\nsleep 30\n",
+            child_pid.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = setup("1.0.0", 208, Some(bin.path().to_path_buf()));
+    let pod = pod(&s.root, "slow-child");
+    let err = s.network.setup(&pod, &Map::new()).await.unwrap_err();
+    assert!(matches!(err, CniError::Timeout { .. }), "{err}");
+    let pid = std::fs::read_to_string(&child_pid).unwrap();
+    let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
+    let gone = (0..50).any(|_| {
+        let state = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init.
+        let done = state.is_empty() || state.contains(") Z ");
+        if !done {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        done
+    });
+    assert!(gone, "the plugin's child outlived its timeout");
+}

@@ -119,8 +119,13 @@ fn conf_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     Ok(files)
 }
 
+/// The largest network config file read.
+const MAX_CONF_FILE: u64 = 1024 * 1024;
+
 fn load_file(path: &Path) -> Result<NetworkConfigList, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    // The conf dir is someone else's: no FIFO, device or endless file is read.
+    let bytes = crate::fsutil::read_bounded(path, MAX_CONF_FILE)
+        .map_err(|e| format!("cannot read: {e}"))?;
     let is_list = path.extension().and_then(|e| e.to_str()) == Some("conflist");
     parse(&bytes, is_list, path)
 }

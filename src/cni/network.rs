@@ -580,9 +580,12 @@ struct CacheEntry {
     result: Option<Value>,
 }
 
+/// The largest result cache file read back.
+const MAX_CACHE_FILE: u64 = 1024 * 1024;
+
 impl CacheEntry {
     fn read(path: &Path) -> Result<Self, String> {
-        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+        let bytes = crate::fsutil::read_bounded(path, MAX_CACHE_FILE).map_err(|e| e.to_string())?;
         let entry: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
         let config = entry["config"].as_str().ok_or("no config")?;
         let config = BASE64.decode(config).map_err(|e| e.to_string())?;
@@ -651,6 +654,27 @@ fn version_before(version: &str, than: &str) -> bool {
     parse(version) < parse(than)
 }
 
+/// The most a plugin may print as its result (a CNI result is a few KiB).
+const MAX_PLUGIN_OUTPUT: u64 = 1024 * 1024;
+/// The most of a plugin's stderr kept for its error.
+const MAX_PLUGIN_STDERR: u64 = 64 * 1024;
+
+/// Reads a pipe to its end, keeping at most `limit` bytes; says whether it all fit (what
+/// does not fit is read and dropped, so the plugin is never left blocked on a full pipe).
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
+    pipe: Option<R>,
+    limit: u64,
+) -> std::io::Result<(Vec<u8>, bool)> {
+    use tokio::io::AsyncReadExt;
+    let Some(mut pipe) = pipe else {
+        return Ok((Vec::new(), true));
+    };
+    let mut kept = Vec::new();
+    (&mut pipe).take(limit).read_to_end(&mut kept).await?;
+    let rest = tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await?;
+    Ok((kept, rest == 0))
+}
+
 /// Runs one plugin binary with a bound on its run time.
 async fn run_plugin(
     binary: &Path,
@@ -670,9 +694,12 @@ async fn run_plugin(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group: what it runs (an IPAM plugin) goes with it.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| io(format!("cannot run {}: {e}", binary.display())))?;
+    let group = child.id().and_then(|pid| i32::try_from(pid).ok());
     let pipe = child.stdin.take();
     let feed = async move {
         let Some(mut pipe) = pipe else { return Ok(()) };
@@ -683,12 +710,38 @@ async fn run_plugin(
         }
         // Dropping the pipe closes the plugin's stdin.
     };
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     // Fed while it runs, all within the timeout: a plugin that never reads cannot hang us.
-    let run = async { tokio::join!(feed, child.wait_with_output()) };
-    let output = match tokio::time::timeout(timeout, run).await {
-        Ok((fed, output)) => {
+    let run = async {
+        tokio::join!(
+            feed,
+            child.wait(),
+            read_capped(stdout, MAX_PLUGIN_OUTPUT),
+            read_capped(stderr, MAX_PLUGIN_STDERR)
+        )
+    };
+    let finished = tokio::time::timeout(timeout, run).await;
+    // Whatever of its group is left (it timed out, or left a child behind) goes now.
+    if let Some(group) = group {
+        // SAFETY: a signal to the plugin's own process group.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+    }
+    let output = match finished {
+        Ok((fed, status, stdout, stderr)) => {
             fed.map_err(|e| io(format!("writing config: {e}")))?;
-            output.map_err(|e| io(e.to_string()))?
+            let status = status.map_err(|e| io(e.to_string()))?;
+            let (stdout, complete) = stdout.map_err(|e| io(format!("reading output: {e}")))?;
+            if !complete {
+                return Err(io(format!(
+                    "its output is larger than {MAX_PLUGIN_OUTPUT} bytes"
+                )));
+            }
+            let (stderr, _) = stderr.unwrap_or_default();
+            std::process::Output {
+                status,
+                stdout,
+                stderr,
+            }
         }
         Err(_) => {
             return Err(CniError::Timeout {

@@ -62,13 +62,16 @@ pub struct HostsError {
     pub reason: String,
 }
 
+/// The largest hosts.toml read.
+const MAX_HOSTS_FILE: u64 = 1024 * 1024;
+
 /// The endpoints to try for `registry` (a reference's domain), in order.
 pub fn endpoints(config_path: &str, registry: &str) -> Result<Vec<RegistryEndpoint>, HostsError> {
     if !config_path.is_empty() {
         let root = Path::new(config_path);
         for dir in [root.join(registry), root.join("_default")] {
             let file = dir.join("hosts.toml");
-            match std::fs::read_to_string(&file) {
+            match crate::fsutil::read_bounded_string(&file, MAX_HOSTS_FILE) {
                 Ok(text) => {
                     return parse_hosts(&text, &dir, registry)
                         .map_err(|reason| HostsError { file, reason });

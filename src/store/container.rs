@@ -229,7 +229,8 @@ impl Container {
 
 /// Reads a persisted status file.
 pub fn read_status(path: &std::path::Path) -> std::io::Result<ContainerStatus> {
-    let bytes = std::fs::read(path)?;
+    // crius wrote it (a few hundred bytes); whatever else is there now is not waited on.
+    let bytes = crate::fsutil::read_bounded(path, 1024 * 1024)?;
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
 }
 
