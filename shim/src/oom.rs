@@ -40,8 +40,15 @@ fn memory_cgroup_in(proc_cgroup: &str, unified: bool) -> Option<PathBuf> {
     })
 }
 
-/// Watches the memory cgroup of `pid`; `on_oom` runs for each OOM kill.
+/// The least time between two OOM events of one container: each says the same (the
+/// container hit its limit), and a process that forks into its limit gets killed hundreds
+/// of times a second, events that would crowd out the pod's exits on the way to containerd.
+const OOM_EVENT_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Watches the memory cgroup of `pid`; `on_oom` runs for an OOM kill, at most once per
+/// [`OOM_EVENT_GAP`].
 pub fn watch(pid: i32, on_oom: impl Fn() + Send + 'static) -> io::Result<JoinHandle<()>> {
+    let on_oom = at_most_every(OOM_EVENT_GAP, on_oom);
     let (dir, unified) = memory_cgroup(pid)?;
     if unified {
         watch_v2(dir, on_oom)
@@ -79,6 +86,21 @@ fn watch_v2(dir: PathBuf, on_oom: impl Fn() + Send + 'static) -> io::Result<Join
             kills = now;
         }
     }))
+}
+
+/// `f`, skipping calls that come within `gap` of the last one it ran.
+fn at_most_every(gap: std::time::Duration, f: impl Fn() + Send + 'static) -> impl Fn() + Send {
+    let last = std::sync::Mutex::new(None::<std::time::Instant>);
+    move || {
+        let mut last = last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < gap) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        f();
+    }
 }
 
 fn oom_kills(events: &Path) -> Option<u64> {
@@ -147,6 +169,22 @@ mod tests {
         );
         assert_eq!(memory_cgroup_in("4:memory:/../../etc\n", false), None);
         assert_eq!(memory_cgroup_in("4:cpu:/a\n", false), None);
+    }
+
+    #[test]
+    fn a_storm_of_oom_kills_is_one_event_a_gap() {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = calls.clone();
+        let on_oom = at_most_every(std::time::Duration::from_millis(200), move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        for _ in 0..1000 {
+            on_oom();
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        on_oom();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[test]
