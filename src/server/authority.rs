@@ -30,15 +30,19 @@ const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
 /// The HTTP/2 default, which the server does not raise.
 const MAX_FRAME_PAYLOAD: usize = 16_384;
-/// A header block may not grow beyond this while it is collected.
-const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// A header block may not grow beyond this while it is collected (the server takes header
+/// lists of 16 KiB).
+const MAX_HEADER_BLOCK: usize = 64 * 1024;
 /// The HPACK dynamic table size HTTP/2 servers start with and this one never raises: a
 /// client that asks for a larger table is refused.
 const MAX_HPACK_TABLE: usize = 4096;
 /// The most a decoded header list may hold, counted as RFC 7541 counts a table entry (name,
 /// value and 32 bytes each): a small block of references to one large entry can otherwise
 /// decode to gigabytes.
-const MAX_HEADER_LIST: usize = 1 << 20;
+const MAX_HEADER_LIST: usize = 64 * 1024;
+/// Rewritten bytes not yet read by the server at most: the rest of the input waits, so a
+/// read of small blocks that each decode to the limit cannot pile up megabytes.
+const MAX_PENDING_OUTPUT: usize = 64 * 1024;
 const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -96,6 +100,9 @@ impl Rewriter {
     /// Moves every complete piece of `input` to `output`, rewriting header blocks.
     fn process(&mut self) -> io::Result<()> {
         loop {
+            if self.output.len() >= MAX_PENDING_OUTPUT {
+                return Ok(());
+            }
             if self.preface_left > 0 || self.payload_left > 0 || self.mode == Mode::Passthrough {
                 let limit = if self.mode == Mode::Passthrough {
                     self.input.len()
@@ -349,6 +356,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityRepair<S> {
             // Decided and drained: read straight through.
             if this.rewriter.mode == Mode::Passthrough && this.rewriter.input.is_empty() {
                 return Pin::new(&mut this.inner).poll_read(cx, buf);
+            }
+            // What processing left of earlier reads goes before anything new is read.
+            if !this.rewriter.input.is_empty() {
+                this.rewriter.process()?;
+                if !this.rewriter.output.is_empty() {
+                    continue;
+                }
             }
             let mut chunk = [0u8; READ_CHUNK];
             let mut chunk_buf = ReadBuf::new(&mut chunk);
@@ -604,14 +618,14 @@ mod tests {
 
     #[test]
     fn references_that_decode_to_a_huge_header_list_are_refused() {
-        // A 4000-byte value indexed into the table, then referenced 64 Ki times: a 64 KiB
-        // block that would decode to 256 MiB.
+        // A 4000-byte value indexed into the table, then referenced 16 Ki times: a 20 KiB
+        // block that would decode to 64 MiB.
         let mut block = vec![0x40, 5];
         block.extend_from_slice(b"x-big");
         block.extend(loona_hpack::encoder::encode_integer(4000, 7));
         block.extend(std::iter::repeat_n(b'a', 4000));
         // The new entry is the first dynamic one: index 62.
-        block.extend(std::iter::repeat_n(0x80 | 62, 64 * 1024));
+        block.extend(std::iter::repeat_n(0x80 | 62, 16 * 1024));
         let mut rewriter = Rewriter::new();
         rewriter.input.extend_from_slice(&header_frames(&block));
         let err = rewriter.process().expect_err("a header list bomb");
@@ -637,6 +651,42 @@ mod tests {
             rewriter.input.extend_from_slice(&header_frames(&block));
             assert_eq!(rewriter.process().is_ok(), ok);
         }
+    }
+
+    #[tokio::test]
+    async fn a_read_of_many_blocks_is_rewritten_a_bounded_piece_at_a_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let authorities = vec!["/run/crius.sock"; 3000];
+        let input = client_bytes(&authorities);
+        let mut rewriter = Rewriter::new();
+        rewriter.input.extend_from_slice(&input);
+        rewriter.process().unwrap();
+        assert!(rewriter.output.len() < MAX_PENDING_OUTPUT + 1024);
+        assert!(
+            !rewriter.input.is_empty(),
+            "all of it was rewritten at once"
+        );
+        let mut expected = rewriter.output.split().to_vec();
+        loop {
+            rewriter.process().unwrap();
+            if rewriter.output.is_empty() {
+                break;
+            }
+            expected.extend_from_slice(&rewriter.output.split());
+        }
+        assert!(rewriter.input.is_empty());
+
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let writer = tokio::spawn(async move {
+            client.write_all(&input).await.unwrap();
+        });
+        let mut read = Vec::new();
+        AuthorityRepair::new(server)
+            .read_to_end(&mut read)
+            .await
+            .unwrap();
+        writer.await.unwrap();
+        assert_eq!(read, expected);
     }
 
     #[tokio::test]

@@ -35,7 +35,10 @@ const PROTOCOL_HEADER: &str = "x-stream-protocol-version";
 const ACCEPTED_PROTOCOLS_HEADER: &str = "x-accepted-stream-protocol-versions";
 const SPDY_UPGRADE: &str = "SPDY/3.1";
 /// A client gets this long for its TLS handshake and its request headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of a request crius buffers while it reads one (a stream request is a line and
+/// a few headers).
+const MAX_REQUEST_BUFFER: usize = 16 * 1024;
 /// Connections and sessions the stream server holds at once; more are closed on accept, so
 /// a flood of idle connections cannot take every descriptor crius has.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -230,9 +233,13 @@ async fn serve_http<S>(io: S, peer: SocketAddr, router: Router)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    // One request a connection: a URL is good once, and a connection kept alive with a
+    // request now and then (each a 404) would hold one of the server's places for ever.
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HANDSHAKE_TIMEOUT)
+        .keep_alive(false)
+        .max_buf_size(MAX_REQUEST_BUFFER)
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
         .with_upgrades()
         .await;
