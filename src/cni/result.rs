@@ -49,26 +49,44 @@ impl CniResult {
                 .is_none_or(|iface| iface.name == ifname || iface.sandbox.is_empty()),
             None => true,
         };
-        let mut ips: Vec<String> = self
-            .ips
-            .iter()
-            .filter(on_interface)
-            .map(|ip| {
-                ip.address
-                    .split('/')
-                    .next()
-                    .unwrap_or(&ip.address)
-                    .to_string()
-            })
-            .collect();
-        ips.sort_by_key(|ip| ip.contains(':'));
-        ips
+        // A plugin's result is taken for what parses as an address, each once, a few at most.
+        let mut ips: Vec<std::net::IpAddr> = Vec::new();
+        for ip in self.ips.iter().filter(on_interface) {
+            let text = ip.address.split('/').next().unwrap_or(&ip.address);
+            if let Ok(ip) = text.parse::<std::net::IpAddr>()
+                && !ips.contains(&ip)
+                && ips.len() < MAX_POD_IPS
+            {
+                ips.push(ip);
+            }
+        }
+        ips.sort_by_key(|ip| ip.is_ipv6());
+        ips.into_iter().map(|ip| ip.to_string()).collect()
     }
 }
+
+/// The most addresses a pod reports (kubelet takes one of each family).
+const MAX_POD_IPS: usize = 16;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_addresses_are_reported_each_once_and_few() {
+        let mut ips: Vec<serde_json::Value> = vec![
+            serde_json::json!({"address": "not-an-ip/24"}),
+            serde_json::json!({"address": "10.1.0.5/24"}),
+            serde_json::json!({"address": "10.1.0.5/16"}),
+        ];
+        ips.extend((0..1000).map(|i| serde_json::json!({"address": format!("fd00::{i:x}/64")})));
+        let result =
+            CniResult::parse(&serde_json::json!({"cniVersion": "1.0.0", "ips": ips})).unwrap();
+        let reported = result.pod_ips("eth0");
+        assert_eq!(reported.len(), MAX_POD_IPS);
+        assert_eq!(reported[0], "10.1.0.5");
+        assert!(reported[1..].iter().all(|ip| ip.starts_with("fd00::")));
+    }
 
     #[test]
     fn picks_the_pod_interface_addresses_ipv4_first() {

@@ -30,9 +30,18 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Socke
 /// removed, the parent directory is created, and the socket gets mode 0660.
 pub async fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     match std::fs::symlink_metadata(path) {
-        Ok(_) => {
+        Ok(meta) => {
             if tokio::net::UnixStream::connect(path).await.is_ok() {
                 return Err(SocketError::InUse(path.to_path_buf()));
+            }
+            // Only a socket is stale; anything else at the path is someone's file.
+            if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+                return Err(io_err("replace a non-socket at", path)(
+                    std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "the path holds a file that is not a socket",
+                    ),
+                ));
             }
             tracing::info!(path = %path.display(), "removing stale socket");
             std::fs::remove_file(path).map_err(io_err("remove stale socket", path))?;
@@ -78,5 +87,9 @@ mod tests {
         remove(&path);
         assert!(!path.exists());
         remove(&path);
+        // Someone's file at the path is not a stale socket: it stays.
+        std::fs::write(&path, b"keep").unwrap();
+        assert!(bind(&path).await.is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), b"keep");
     }
 }
