@@ -668,3 +668,33 @@ async fn tls_streaming_serves_https_urls() {
     let response = client.get(&url).send().await.expect("an HTTPS answer");
     assert_eq!(response.status(), 400);
 }
+
+#[tokio::test]
+async fn a_request_that_opens_no_stream_closes_its_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let crius = Crius::start().await;
+    let (mut pod, id) = sleeper(&crius, "one-request").await;
+    // The server's address, from a real URL.
+    let url = exec_url(&mut pod, exec_request(&id, &["true"])).await;
+    let authority = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port")
+        .to_string();
+    let mut conn = tokio::net::TcpStream::connect(&authority)
+        .await
+        .expect("connect");
+    // Two requests for unknown tokens on one connection: the first answer closes it.
+    let request = format!("GET /exec/nosuchtoken HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+    conn.write_all(format!("{request}{request}").as_bytes())
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut answer))
+        .await
+        .expect("the connection was kept open")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert_eq!(answer.matches("http/1.1 404").count(), 1, "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+}

@@ -233,12 +233,9 @@ async fn serve_http<S>(io: S, peer: SocketAddr, router: Router)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    // One request a connection: a URL is good once, and a connection kept alive with a
-    // request now and then (each a 404) would hold one of the server's places for ever.
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HANDSHAKE_TIMEOUT)
-        .keep_alive(false)
         .max_buf_size(MAX_REQUEST_BUFFER)
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
         .with_upgrades()
@@ -253,7 +250,21 @@ fn router(state: Arc<ServerState>) -> Router {
         .route("/exec/{token}", get(exec).post(exec))
         .route("/attach/{token}", get(attach).post(attach))
         .route("/portforward/{token}", get(port_forward).post(port_forward))
+        .layer(axum::middleware::map_response(close_unless_upgraded))
         .with_state(state)
+}
+
+/// One request a connection unless it becomes a stream: a URL is good once, and a
+/// connection kept alive with a request now and then (each a 404) would hold one of the
+/// server's places for ever. (Keep-alive itself stays on: without it hyper would answer an
+/// upgrade with `Connection: close`.)
+async fn close_unless_upgraded(mut response: Response) -> Response {
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 fn plain(status: StatusCode, message: impl Into<String>) -> Response {
