@@ -70,18 +70,15 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("path has no file name"))?;
+    // Its own name each time: two writers of one path never share a temp file.
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{:016x}",
         name.to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        rand::random::<u64>()
     ));
     let result = (|| {
-        // A temp file left by a crash (or planted as a link) is not written through.
-        match std::fs::symlink_metadata(&tmp) {
-            Ok(_) => std::fs::remove_file(&tmp)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+        // Never through something already at that name (a link planted there).
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -165,18 +162,29 @@ mod tests {
     }
 
     #[test]
-    fn an_atomic_write_does_not_write_through_a_planted_link() {
+    fn atomic_writers_of_one_path_never_share_a_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        let victim = dir.path().join("victim");
-        std::fs::write(&victim, b"keep").unwrap();
-        let path = dir.path().join("state");
-        let tmp = dir
-            .path()
-            .join(format!(".state.tmp-{}", std::process::id()));
-        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
-        write_atomic(&path, b"new", 0o600).unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"new");
-        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let path = std::sync::Arc::new(dir.path().join("state"));
+        let writers: Vec<_> = (0..8u8)
+            .map(|i| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        write_atomic(&path, &[i; 64], 0o600).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        let data = std::fs::read(&*path).unwrap();
+        assert!(
+            data.len() == 64 && data.iter().all(|b| *b == data[0]),
+            "mixed: {data:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "temp files left behind");
     }
     use std::os::unix::fs::symlink;
 

@@ -45,6 +45,21 @@ pub struct Mappings {
 }
 
 impl Mappings {
+    /// Container IDs 0.. mapped to host IDs `host_id`.., `size` of them, for users and
+    /// groups alike.
+    #[cfg(test)]
+    pub(crate) fn from_zero(host_id: u32, size: u32) -> Self {
+        let range = IdRange {
+            container_id: 0,
+            host_id,
+            size,
+        };
+        Self {
+            uids: range,
+            gids: range,
+        }
+    }
+
     /// The host uid and gid of root inside.
     pub fn host_root(&self) -> (u32, u32) {
         (self.uids.host_id, self.gids.host_id)

@@ -54,6 +54,14 @@ impl CniConfSyncer {
     }
 
     /// Watches until `cancel` fires (`Ok`) or the watcher fails (`Err`).
+    /// Reloads the networks on a blocking thread: it reads every file of the conf dir.
+    async fn reload_off_the_workers(&self) {
+        let configs = self.configs.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || configs.reload()).await {
+            tracing::warn!(error = %e, "reloading the CNI config failed");
+        }
+    }
+
     pub async fn run(self, cancel: CancellationToken) -> Result<(), SyncerError> {
         let conf_dir = self.configs.conf_dir().to_path_buf();
         std::fs::create_dir_all(&conf_dir).map_err(|source| SyncerError::CreateDir {
@@ -86,7 +94,7 @@ impl CniConfSyncer {
         let mut watched = None;
         ensure_dir_watch(&mut watcher, &conf_dir, &mut watched);
         // Anything that changed between the first load and the watch being in place.
-        self.configs.reload();
+        self.reload_off_the_workers().await;
         crate::failpoint::hit("cni_conf_syncer").await?;
         tracing::info!(conf_dir = %conf_dir.display(), "CNI conf syncer started");
 
@@ -108,7 +116,7 @@ impl CniConfSyncer {
             }
             ensure_dir_watch(&mut watcher, &conf_dir, &mut watched);
             tracing::debug!("CNI conf dir changed");
-            self.configs.reload();
+            self.reload_off_the_workers().await;
         }
     }
 }

@@ -542,15 +542,7 @@ mod tests {
             eprintln!("no overlay mount here ({e}): skipped");
             return;
         }
-        let range = crate::userns::IdRange {
-            container_id: 0,
-            host_id: 100000,
-            size: 65536,
-        };
-        let mappings = crate::userns::Mappings {
-            uids: range,
-            gids: range,
-        };
+        let mappings = crate::userns::Mappings::from_zero(100000, 65536);
         let shifted = shift_owners(&merged, &mappings);
         let seen = std::fs::metadata(merged.join("sub/name7")).map(|m| m.uid());
         nix::mount::umount(&merged).unwrap();
@@ -580,15 +572,7 @@ mod tests {
         )
         .unwrap();
         std::os::unix::fs::symlink("/etc/passwd", volume.join("link")).unwrap();
-        let range = crate::userns::IdRange {
-            container_id: 0,
-            host_id: 100000,
-            size: 1000,
-        };
-        let mappings = crate::userns::Mappings {
-            uids: range,
-            gids: range,
-        };
+        let mappings = crate::userns::Mappings::from_zero(100000, 1000);
         shift_owners(&volume, &mappings).unwrap();
         let file = std::fs::metadata(volume.join("sub/file")).unwrap();
         assert_eq!((file.uid(), file.gid()), (100005, 100006));

@@ -468,7 +468,14 @@ impl ImagePuller {
         progress: &Arc<Progress>,
         stop: Shared<BoxFuture<'_, Stop>>,
     ) -> Result<Image, PullError> {
-        let endpoints = hosts::endpoints(&self.registry.config_path, &reference.domain)?;
+        // hosts.toml is read on a blocking thread.
+        let (config_path, domain) = (self.registry.config_path.clone(), reference.domain.clone());
+        let endpoints =
+            tokio::task::spawn_blocking(move || hosts::endpoints(&config_path, &domain))
+                .await
+                .map_err(|e| {
+                    PullError::Unsupported(format!("reading the registry hosts: {e}"))
+                })??;
         let mut config_credentials = HashMap::new();
         for (host, settings) in &self.registry.configs {
             if let Some(auth) = &settings.auth {

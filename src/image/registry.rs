@@ -730,8 +730,9 @@ mod tests {
         (addr, seen)
     }
 
-    fn session(addr: &str, creds: Credentials) -> Arc<Session> {
-        let endpoint = RegistryEndpoint {
+    /// A plain-HTTP endpoint at `addr` that pulls and resolves.
+    fn plain_endpoint(addr: &str) -> RegistryEndpoint {
+        RegistryEndpoint {
             base: format!("http://{addr}"),
             path_prefix: "/v2".into(),
             capabilities: Capabilities {
@@ -742,7 +743,14 @@ mod tests {
             skip_verify: false,
             ca: Vec::new(),
             client: Vec::new(),
+            headers: Vec::new(),
+        }
+    }
+
+    fn session(addr: &str, creds: Credentials) -> Arc<Session> {
+        let endpoint = RegistryEndpoint {
             headers: vec![("X-Test".into(), "1".into())],
+            ..plain_endpoint(addr)
         };
         let reference = Reference::parse(&format!("{addr}/repo:tag")).unwrap();
         Session::new(
@@ -783,20 +791,7 @@ mod tests {
                 let _ = conn.write_all(reply.as_bytes()).await;
             }
         });
-        let endpoint = RegistryEndpoint {
-            base: format!("http://{addr}"),
-            path_prefix: "/v2".into(),
-            capabilities: Capabilities {
-                pull: true,
-                resolve: true,
-                push: false,
-            },
-            skip_verify: false,
-            ca: Vec::new(),
-            client: Vec::new(),
-            headers: Vec::new(),
-        };
-        let client = build_client(&endpoint).unwrap();
+        let client = build_client(&plain_endpoint(&addr.to_string())).unwrap();
         let err = client
             .get(format!("http://{addr}/v2/repo/blobs/sha256:0"))
             .send()

@@ -472,15 +472,7 @@ mod tests {
             cmd: Some(vec!["/pause".to_string()]),
             ..Default::default()
         };
-        let range = crate::userns::IdRange {
-            container_id: 0,
-            host_id: 100000,
-            size: 65536,
-        };
-        let mappings = crate::userns::Mappings {
-            uids: range,
-            gids: range,
-        };
+        let mappings = crate::userns::Mappings::from_zero(100000, 65536);
         let mut input = input(&config, &image);
         input.userns = Some(builder::PodUserNamespace {
             path: std::path::Path::new("/run/crius/sandboxes/abc/userns"),
