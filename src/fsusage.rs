@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 use std::time::{Duration, SystemTime};
@@ -28,19 +27,25 @@ const MAX_DEPTH: usize = 1024;
 /// through the node's files.
 pub fn measure(root: &Path) -> std::io::Result<Usage> {
     use nix::fcntl::OFlag;
-    let top = std::fs::symlink_metadata(root)?;
+    // The root is crius's own setting and may be a link (a snapshotter dir moved to another
+    // disk); below it, nothing is followed.
     let dir = nix::fcntl::open(
         root,
-        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )?;
+    let top = nix::sys::stat::fstat(&dir)?;
     let mut walk = Walk {
-        dev: top.dev(),
+        dev: top.st_dev,
         seen: HashSet::new(),
         used_bytes: 0,
         inodes_used: 0,
     };
-    walk.count(top.ino(), top.nlink(), top.blocks());
+    walk.count(
+        top.st_ino,
+        top.st_nlink,
+        u64::try_from(top.st_blocks).unwrap_or_default(),
+    );
     walk.dir(&dir, 0);
     Ok(Usage {
         used_bytes: walk.used_bytes,
@@ -197,6 +202,19 @@ mod tests {
         let usage = measure(&root).unwrap();
         // root, layer, and the link itself.
         assert_eq!(usage.inodes_used, 3, "{usage:?}");
+    }
+
+    #[test]
+    fn a_root_given_as_a_link_is_measured() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("f"), vec![1u8; 8192]).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let usage = measure(&link).unwrap();
+        assert_eq!(usage.inodes_used, 2, "{usage:?}");
+        assert!(usage.used_bytes >= 8192, "{usage:?}");
     }
 
     #[test]
