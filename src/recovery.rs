@@ -182,7 +182,11 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
         }
         let id = metadata.id.clone();
         let status_path = service.container_root_dir(&id).join("status");
-        let status = match read_status(&status_path) {
+        let reading = status_path.clone();
+        let status = match tokio::task::spawn_blocking(move || read_status(&reading))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        {
             Ok(status) => status,
             // CreateContainer persists the status last: without it, it never finished.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -450,7 +454,11 @@ pub async fn clean_up_leftovers(service: &CriService) {
         let note = service
             .sandbox_root_dir(&id)
             .join(crate::cri::sandbox::NETNS_NOTE);
-        if let Ok(netns) = crate::fsutil::read_bounded_string(&note, 4096)
+        let note =
+            tokio::task::spawn_blocking(move || crate::fsutil::read_bounded_string(&note, 4096))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        if let Ok(netns) = note
             && !netns.trim().is_empty()
         {
             let netns = Path::new(netns.trim());

@@ -108,7 +108,7 @@ async fn add_check_del(version: &str, tag: u8) {
     assert_eq!(cached["kind"], "cniCacheV1");
     assert_eq!(cached["containerId"], "abc");
     assert_eq!(cached["capabilityArgs"]["dns"]["servers"][0], "10.0.0.10");
-    assert_eq!(s.network.cached_attachments("abc").len(), 1);
+    assert_eq!(s.network.cached_attachments("abc").await.len(), 1);
 
     s.network.check(&pod).await.expect("CHECK");
 

@@ -266,7 +266,7 @@ impl CniNetwork {
     /// Deletes the pod from every network it was added to, from the cached results and
     /// configurations; from the current configuration when nothing is cached.
     pub async fn teardown(&self, pod: &PodRef) -> Result<(), CniError> {
-        let cached = self.cached_entries(&pod.id);
+        let cached = self.cached_entries(&pod.id).await;
         if cached.is_empty()
             && let Ok(loaded) = self.configs.current().result.as_ref()
         {
@@ -300,7 +300,7 @@ impl CniNetwork {
 
     /// Runs CHECK for each cached network (CNI 0.4.0 and later).
     pub async fn check(&self, pod: &PodRef) -> Result<(), CniError> {
-        for entry in self.cached_entries(&pod.id) {
+        for entry in self.cached_entries(&pod.id).await {
             if entry.network.disable_check || version_before(&entry.network.cni_version, "0.4.0") {
                 continue;
             }
@@ -529,13 +529,41 @@ impl CniNetwork {
         let _ = std::fs::remove_file(self.cache_path(network, id, ifname));
     }
 
-    /// Cache entries for a pod, in interface order.
-    fn cached_entries(&self, id: &str) -> Vec<CacheEntry> {
-        let Ok(dir) = std::fs::read_dir(self.results_dir()) else {
-            return Vec::new();
-        };
-        let marker = format!("-{id}-");
-        let mut entries: Vec<CacheEntry> = dir
+    /// Cache entries for a pod, in interface order, read on a blocking thread (the cache
+    /// dir is libcni's layout, which other tools write too).
+    async fn cached_entries(&self, id: &str) -> Vec<CacheEntry> {
+        let (dir, id) = (self.results_dir(), id.to_string());
+        tokio::task::spawn_blocking(move || read_cache_entries(&dir, &id))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "reading the CNI cache failed");
+                Vec::new()
+            })
+    }
+
+    /// The cached results of a pod (for status and recovery).
+    pub async fn cached_attachments(&self, id: &str) -> Vec<NetworkAttachment> {
+        self.cached_entries(id)
+            .await
+            .into_iter()
+            .filter_map(|e| {
+                e.result.map(|result| NetworkAttachment {
+                    network: e.network.name.clone(),
+                    ifname: e.ifname.clone(),
+                    result: StoredResult::new(&result),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The cache entries of pod `id` in `dir`, in interface order; unreadable ones are skipped.
+fn read_cache_entries(dir: &Path, id: &str) -> Vec<CacheEntry> {
+    let Ok(dir) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let marker = format!("-{id}-");
+    let mut entries: Vec<CacheEntry> = dir
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| {
@@ -552,23 +580,8 @@ impl CniNetwork {
             })
             .filter(|entry| entry.container_id == id)
             .collect();
-        entries.sort_by(|a, b| a.ifname.cmp(&b.ifname));
-        entries
-    }
-
-    /// The cached results of a pod (for status and recovery).
-    pub fn cached_attachments(&self, id: &str) -> Vec<NetworkAttachment> {
-        self.cached_entries(id)
-            .into_iter()
-            .filter_map(|e| {
-                e.result.map(|result| NetworkAttachment {
-                    network: e.network.name.clone(),
-                    ifname: e.ifname.clone(),
-                    result: StoredResult::new(&result),
-                })
-            })
-            .collect()
-    }
+    entries.sort_by(|a, b| a.ifname.cmp(&b.ifname));
+    entries
 }
 
 struct CacheEntry {

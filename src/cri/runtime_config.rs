@@ -60,7 +60,10 @@ impl CriService {
             ))
         })?;
         tracing::info!(file = %target.display(), "wrote CNI config from template");
-        self.cni.reload();
+        let cni = self.cni.clone();
+        tokio::task::spawn_blocking(move || cni.reload())
+            .await
+            .map_err(|e| Status::internal(format!("reloading the CNI config: {e}")))?;
         Ok(UpdateRuntimeConfigResponse {})
     }
 
