@@ -163,9 +163,12 @@ async fn stop_kills_a_process_that_ignores_sigterm_after_the_timeout() {
         .run(container(
             "stubborn",
             "busybox:latest",
-            &["sh", "-c", "trap '' TERM; sleep 1000 & wait"],
+            &["sh", "-c", "trap '' TERM; echo trapped; sleep 1000 & wait"],
         ))
         .await;
+    // StartContainer answers once runc's init is released, which may be before the shell
+    // runs: a SIGTERM then would end runc's init, not meet the trap.
+    assert!(log_contains(&pod.log_path("stubborn"), "trapped").await);
     let started = Instant::now();
     pod.stop(&id, 2).await;
     let elapsed = started.elapsed();
@@ -727,4 +730,67 @@ async fn containers_survive_a_restart_and_keep_logging() {
         .await
         .unwrap();
     assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
+}
+
+/// crius's leases in containerd's namespace, by ID.
+fn crius_leases(crius: &Crius) -> Vec<String> {
+    crius
+        .ctr(&["leases", "ls", "-q"])
+        .lines()
+        .filter(|l| l.starts_with("crius-"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn creations_take_a_lease_made_ahead_and_start_up_deletes_it() {
+    let mut crius = Crius::start().await;
+    let mut pod = pod(&crius, "leases").await;
+    let made_ahead = |crius: &Crius| {
+        let leases = crius_leases(crius);
+        (leases.len() == 1 && leases[0].starts_with("crius-create-")).then(|| leases[0].clone())
+    };
+    // The pod's creation made its own lease, deleted it and made one ahead.
+    let mut ready = None;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            ready = made_ahead(&crius);
+            std::future::ready(ready.is_some())
+        })
+        .await,
+        "{:?}",
+        crius_leases(&crius)
+    );
+    for name in ["first", "second"] {
+        pod.create(container(name, "busybox:latest", &["true"]))
+            .await
+            .unwrap();
+        let mut next = None;
+        assert!(
+            eventually(Duration::from_secs(5), || {
+                next = made_ahead(&crius);
+                std::future::ready(next.is_some() && next != ready)
+            })
+            .await,
+            "the lease made ahead ({ready:?}) was not taken: {:?}",
+            crius_leases(&crius)
+        );
+        ready = next;
+    }
+    // Each container's snapshot is held by its record, not by a lease.
+    let snapshots = crius.ctr(&["snapshots", "ls"]);
+    assert!(snapshots.lines().count() >= 4, "{snapshots}");
+
+    crius.restart().await;
+    assert!(
+        crius_leases(&crius).is_empty(),
+        "{:?}",
+        crius_leases(&crius)
+    );
+    // A creation after start-up makes its own lease again.
+    pod.client = crius.client().await;
+    pod.create(container("third", "busybox:latest", &["true"]))
+        .await
+        .unwrap();
+    pod.remove_pod().await;
 }

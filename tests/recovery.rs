@@ -315,12 +315,7 @@ fn traces(crius: &Crius) -> Traces {
             .filter(|l| l.contains("Active"))
             .map(str::to_string)
             .collect(),
-        leases: crius
-            .ctr(&["leases", "ls", "-q"])
-            .lines()
-            .filter(|l| l.starts_with("crius-"))
-            .map(str::to_string)
-            .collect(),
+        leases: crius.leases_left(),
         sandbox_dirs,
         container_dirs,
     }

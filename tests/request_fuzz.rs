@@ -2285,13 +2285,7 @@ async fn leaks(
                 .filter(|l| l.ends_with("Active"))
                 .collect(),
         );
-        note(
-            "crius leases",
-            ctr_lines(crius, &["leases", "ls", "-q"], false)
-                .into_iter()
-                .filter(|l| l.starts_with("crius-"))
-                .collect(),
-        );
+        note("crius leases", crius.leases_left());
         let shims = Command::new("pgrep")
             .arg("-f")
             .arg(format!("containerd-shim.* -namespace {namespace} "))

@@ -155,8 +155,8 @@ fn assert_no_trace(crius: &Crius, id: &str, netns: &str, network: &TestNetwork) 
             || !id.is_empty() && cache.iter().all(|p| !p.display().to_string().contains(id)),
         "CNI cache left: {cache:?}"
     );
-    let leases = crius.ctr(&["leases", "ls", "-q"]);
-    assert_eq!(leases.trim(), "", "leases left");
+    let leases = crius.leases_left();
+    assert!(leases.is_empty(), "leases left: {leases:?}");
 }
 
 /// crius brings a pod's lo up itself (`cni.use_internal_loopback`, the default): with CNI

@@ -6,6 +6,7 @@
 //! knows nothing of CRI.
 
 pub mod content;
+pub mod lease_pool;
 pub mod tasks;
 
 use std::path::{Path, PathBuf};

@@ -200,11 +200,7 @@ impl CriService {
             }
 
             let snapshotter = self.config.containerd.snapshotter.clone();
-            let lease = format!("crius-container-{id}");
-            self.containerd
-                .create_lease(&lease, Duration::from_secs(3600))
-                .await
-                .map_err(internal)?;
+            let lease = self.creation_leases.take().await.map_err(internal)?;
             let pod_userns = self.sandbox_user_namespace(&sandbox_meta);
             let made = async {
                 let parent = self
@@ -214,12 +210,15 @@ impl CriService {
                     .containerd
                     .prepare_snapshot(&snapshotter, &id, &parent, HashMap::new(), Some(&lease))
                     .await
-                    .map_err(|e| Status::internal(format!("preparing the container rootfs: {e}")))?;
+                    .map_err(|e| {
+                        Status::internal(format!("preparing the container rootfs: {e}"))
+                    })?;
                 crate::failpoint::hit("container_after_snapshot")
                     .await
                     .map_err(internal)?;
                 {
-                    let (service, id, snapshotter) = (self.clone(), id.clone(), snapshotter.clone());
+                    let (service, id, snapshotter) =
+                        (self.clone(), id.clone(), snapshotter.clone());
                     undo.push("remove container snapshot", async move {
                         let _ = service.containerd.remove_snapshot(&snapshotter, &id).await;
                     });
@@ -319,12 +318,14 @@ impl CriService {
                     hostname: &super::sandbox::pod_hostname(&sandbox_meta.config),
                     declared_volumes: &declared_volumes,
                     privileged_without_host_devices: runtime.privileged_without_host_devices,
-                    userns: pod_userns.as_ref().map(|pod| oci::builder::PodUserNamespace {
-                        path: &pod.pin,
-                        mappings: &pod.mappings,
-                        rootfs: (!pod.copy_rootfs).then_some(idmapped_rootfs.as_path()),
-                        host_network: super::sandbox::is_host_network(&sandbox_meta.config),
-                    }),
+                    userns: pod_userns
+                        .as_ref()
+                        .map(|pod| oci::builder::PodUserNamespace {
+                            path: &pod.pin,
+                            mappings: &pod.mappings,
+                            rootfs: (!pod.copy_rootfs).then_some(idmapped_rootfs.as_path()),
+                            host_network: super::sandbox::is_host_network(&sandbox_meta.config),
+                        }),
                 })
                 .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
                 let spec = self.inject_cdi_devices(spec, &config).await?;
@@ -332,16 +333,15 @@ impl CriService {
                     .map_err(internal)?
                     .into_boxed_slice();
 
-                let log_path = if sandbox_meta.config.log_directory.is_empty()
-                    || config.log_path.is_empty()
-                {
-                    String::new()
-                } else {
-                    Path::new(&sandbox_meta.config.log_directory)
-                        .join(&config.log_path)
-                        .display()
-                        .to_string()
-                };
+                let log_path =
+                    if sandbox_meta.config.log_directory.is_empty() || config.log_path.is_empty() {
+                        String::new()
+                    } else {
+                        Path::new(&sandbox_meta.config.log_directory)
+                            .join(&config.log_path)
+                            .display()
+                            .to_string()
+                    };
                 let metadata = ContainerMetadata {
                     id: id.clone(),
                     name: name.clone(),
@@ -398,11 +398,7 @@ impl CriService {
             .await;
             // The record holds the snapshot now: the lease goes while the container's own
             // files are made.
-            let lease_deleted = async {
-                if let Err(e) = self.containerd.delete_lease(&lease, false).await {
-                    tracing::warn!(%lease, error = %e, "failed to delete container lease; it expires by itself");
-                }
-            };
+            let lease_deleted = self.creation_leases.finish(&lease);
             let (made, ()) = tokio::join!(
                 async {
                     let (metadata, process_spec, rootfs) = made?;

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::api::v1::{PodSandboxConfig, RunPodSandboxRequest, RunPodSandboxResponse};
 use containerd_client::services::v1::Container;
@@ -382,11 +382,7 @@ impl CriService {
         snapshotter: &str,
     ) -> Result<Vec<Mount>, Status> {
         let id = metadata.id.as_str();
-        let lease = format!("crius-sandbox-{id}");
-        self.containerd
-            .create_lease(&lease, Duration::from_secs(3600))
-            .await
-            .map_err(internal)?;
+        let lease = self.creation_leases.take().await.map_err(internal)?;
         let created = async {
             let pod_userns = self.sandbox_user_namespace(metadata);
             let parent = self
@@ -431,9 +427,7 @@ impl CriService {
             Ok::<Vec<Mount>, Status>(mounts)
         }
         .await;
-        if let Err(e) = self.containerd.delete_lease(&lease, false).await {
-            tracing::warn!(%lease, error = %e, "failed to delete sandbox lease; it expires by itself");
-        }
+        self.creation_leases.finish(&lease).await;
         created
     }
 

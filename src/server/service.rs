@@ -48,6 +48,8 @@ pub enum ServiceError {
 pub struct ServiceState {
     pub config: Config,
     pub containerd: Containerd,
+    /// Leases for creating containers and sandboxes, one made ahead.
+    pub creation_leases: Arc<crate::containerd::lease_pool::LeasePool>,
     pub image_fs: ImageFs,
     pub cni: Arc<NetworkConfigs>,
     pub images: Arc<ImageStore>,
@@ -198,6 +200,7 @@ impl CriService {
         ));
         Ok(Self(Arc::new(ServiceState {
             config,
+            creation_leases: crate::containerd::lease_pool::LeasePool::new(containerd.clone()),
             containerd,
             image_fs,
             cni,

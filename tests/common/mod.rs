@@ -233,6 +233,24 @@ impl Crius {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// crius's leases in containerd, but for the one it keeps made ahead for the next
+    /// creation (a `crius-create-` lease when it is the only one of its kind): what an
+    /// operation left behind.
+    pub fn leases_left(&self) -> Vec<String> {
+        let mut leases: Vec<String> = self
+            .ctr(&["leases", "ls", "-q"])
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("crius-"))
+            .map(String::from)
+            .collect();
+        let made_ahead = |l: &String| l.starts_with("crius-create-");
+        if leases.iter().filter(|l| made_ahead(l)).count() == 1 {
+            leases.retain(|l| !made_ahead(l));
+        }
+        leases
+    }
+
     pub fn grpc_socket(&self) -> &Path {
         &self.config.grpc.address
     }
