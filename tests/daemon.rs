@@ -168,6 +168,30 @@ async fn grpc_clients_that_send_the_socket_path_as_authority_are_served() {
     }
 }
 
+/// The CRI socket tells each client how many calls it may have in flight.
+#[tokio::test]
+async fn the_grpc_server_limits_calls_in_flight_per_connection() {
+    use tokio::io::AsyncWriteExt;
+    let crius = Crius::start().await;
+    let mut socket = tokio::net::UnixStream::connect(crius.grpc_socket())
+        .await
+        .expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(0x4, 0, 0, &[]));
+    socket.write_all(&hello).await.expect("send");
+    let (frame_type, flags, _, payload) =
+        tokio::time::timeout(Duration::from_secs(10), read_h2_frame(&mut socket))
+            .await
+            .expect("a frame in time")
+            .expect("the server's settings");
+    assert_eq!((frame_type, flags), (0x4, 0), "not the server's SETTINGS");
+    let limit = payload.chunks_exact(6).find_map(|setting| {
+        (u16::from_be_bytes([setting[0], setting[1]]) == 0x3)
+            .then(|| u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]))
+    });
+    assert_eq!(limit, Some(crius::server::MAX_CONCURRENT_STREAMS));
+}
+
 #[tokio::test]
 async fn status_reports_runtime_ready_and_follows_the_cni_conf_dir() {
     let crius = Crius::start().await;

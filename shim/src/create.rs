@@ -94,7 +94,7 @@ impl Shim {
                 ..Default::default()
             }),
         );
-        self.register_pid(pid, &init);
+        self.register_pid(&starting, pid, &init);
         drop(starting);
         Ok(pid)
     }

@@ -78,7 +78,7 @@ impl Shim {
         process: &Arc<Process>,
     ) -> Result<i32, ShimError> {
         // Exits of the new process are kept from here until its pid is registered.
-        let _starting = self.begin_starting();
+        let starting = self.begin_starting();
         match self.run_exec(container, process).await {
             Ok(pid) => {
                 process.set_status(Status::RUNNING);
@@ -91,7 +91,7 @@ impl Shim {
                         ..Default::default()
                     }),
                 );
-                self.register_pid(pid, process);
+                self.register_pid(&starting, pid, process);
                 Ok(pid)
             }
             Err(e) => {

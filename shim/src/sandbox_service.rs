@@ -101,7 +101,7 @@ impl SandboxService {
                 .map_err(|e| ShimError::Internal(format!("start pod: {e}")))??;
             pod.started(pid);
             pod.join_cgroup(pid);
-            if let Some(exit) = self.0.take_early_exit(pid) {
+            if let Some(exit) = self.0.take_early_exit(&starting, pid) {
                 pod.exited(exit);
             }
             drop(starting);

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use containerd_shim_protos::events::task::TaskExit;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -36,15 +36,24 @@ struct State {
     /// runc create/exec commands in flight: while there are any, exits of unknown pids are
     /// kept, since the process may exit before its pid file is read.
     starting: usize,
-    unclaimed: HashMap<i32, Exit>,
+    unclaimed: HashMap<i32, Unclaimed>,
+}
+
+/// An exit of a pid nobody had registered, and when the reaper saw it.
+struct Unclaimed {
+    exit: Exit,
+    seen: Instant,
 }
 
 /// Marks a runc create/exec in flight until dropped.
-pub struct Starting<'a>(&'a Shim);
+pub struct Starting<'a> {
+    shim: &'a Shim,
+    began: Instant,
+}
 
 impl Drop for Starting<'_> {
     fn drop(&mut self) {
-        let mut state = self.0.state();
+        let mut state = self.shim.state();
         state.starting -= 1;
         if state.starting == 0 {
             state.unclaimed.clear();
@@ -92,10 +101,16 @@ impl Shim {
         true
     }
 
-    /// The exit of `pid` the reaper saw while a start was in flight, before the pid was
-    /// known (call it while the [`Starting`] is held).
-    pub(crate) fn take_early_exit(&self, pid: i32) -> Option<Exit> {
-        self.state().unclaimed.remove(&pid)
+    /// The exit of `pid` the reaper saw while `starting` was in flight, before the pid was
+    /// known. An exit seen before this start began was another process's that had the
+    /// same pid (starts overlap, so the kept exits can be older than this one).
+    pub(crate) fn take_early_exit(&self, starting: &Starting, pid: i32) -> Option<Exit> {
+        Self::take_unclaimed(&mut self.state(), starting, pid)
+    }
+
+    fn take_unclaimed(state: &mut State, starting: &Starting, pid: i32) -> Option<Exit> {
+        let unclaimed = state.unclaimed.remove(&pid)?;
+        (unclaimed.seen >= starting.began).then_some(unclaimed.exit)
     }
 
     /// Whether a task Shutdown ends the shim: no containers, and no pod, which only
@@ -151,15 +166,18 @@ impl Shim {
     /// Marks a runc create/exec in flight (see `State::starting`).
     pub(crate) fn begin_starting(&self) -> Starting<'_> {
         self.state().starting += 1;
-        Starting(self)
+        Starting {
+            shim: self,
+            began: Instant::now(),
+        }
     }
 
-    /// Records a new process's pid; if it has exited already, handles that exit. Call it
-    /// while the [`Starting`] of its command is held.
-    pub(crate) fn register_pid(&self, pid: i32, process: &Arc<Process>) {
+    /// Records a new process's pid; if it has exited already, handles that exit. `starting`
+    /// is the start of its command.
+    pub(crate) fn register_pid(&self, starting: &Starting, pid: i32, process: &Arc<Process>) {
         let early = {
             let mut state = self.state();
-            match state.unclaimed.remove(&pid) {
+            match Self::take_unclaimed(&mut state, starting, pid) {
                 Some(exit) => Some(exit),
                 None => {
                     state.by_pid.insert(pid, process.clone());
@@ -187,7 +205,8 @@ impl Shim {
                 let mut state = self.state();
                 let process = state.by_pid.remove(&pid);
                 if process.is_none() && state.starting > 0 {
-                    state.unclaimed.insert(pid, exit);
+                    let seen = Instant::now();
+                    state.unclaimed.insert(pid, Unclaimed { exit, seen });
                 }
                 process
             };
@@ -244,5 +263,53 @@ impl Shim {
                 log::warn!("killing what {} left running: {e}", container.id);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn unclaimed_after(shim: &Shim, pid: i32) {
+        for _ in 0..100 {
+            if shim.state().unclaimed.contains_key(&pid) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the exit of {pid} was not kept");
+    }
+
+    /// Starts overlap, so exits are kept for as long as any is in flight: one seen before a
+    /// start began belonged to an earlier process with that pid, not to the new one.
+    #[tokio::test]
+    async fn a_start_takes_no_exit_seen_before_it_began() {
+        let (reaper, _) = Reaper::new();
+        let events = Events::start("/nonexistent/containerd.sock.ttrpc".into(), "t".into());
+        let shim = Arc::new(Shim::new("t", reaper, events));
+        let (exits, received) = mpsc::unbounded_channel();
+        tokio::spawn(shim.clone().handle_exits(received));
+        let exit = |pid| ProcessExit {
+            pid,
+            status: 137,
+            at: SystemTime::now(),
+        };
+
+        let earlier = shim.begin_starting();
+        exits.send(exit(4242)).expect("send");
+        unclaimed_after(&shim, 4242).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let later = shim.begin_starting();
+        assert!(shim.take_early_exit(&later, 4242).is_none());
+
+        exits.send(exit(4343)).expect("send");
+        unclaimed_after(&shim, 4343).await;
+        let taken = shim
+            .take_early_exit(&later, 4343)
+            .expect("its own early exit");
+        assert_eq!(taken.status, 137);
+        drop((earlier, later));
+        assert!(shim.state().unclaimed.is_empty());
     }
 }

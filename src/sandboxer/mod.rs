@@ -172,11 +172,16 @@ impl SandboxController {
     ) -> Result<(), SandboxerError> {
         let id = req.sandbox_id.clone();
         let bundle = self.bundle(namespace, &id)?;
-        if self.known(namespace, &id).is_some() || bundle.exists() {
+        if self.known(namespace, &id).is_some() {
             return Err(SandboxerError::AlreadyExists(id));
         }
+        // Making the bundle claims the ID: of two Creates in flight for one pod only one
+        // goes on (the other's clean-up would shut down the first one's shim).
         let dir = bundle.clone();
-        blocking(move || create_private_dir(&dir)).await?;
+        let claimed = blocking(move || claim_bundle(&dir)).await?;
+        if !claimed {
+            return Err(SandboxerError::AlreadyExists(id));
+        }
         let made = self.start_shim(namespace, &id, &bundle, req).await;
         if made.is_err() {
             // A start that failed late (or timed out) may have left its shim serving.
@@ -455,6 +460,22 @@ fn remove_dir(path: &Path) -> Result<(), SandboxerError> {
     }
 }
 
+/// Makes a pod's bundle directory (and its parents); false when it exists already.
+fn claim_bundle(bundle: &Path) -> Result<bool, SandboxerError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = bundle.parent() {
+        create_private_dir(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(bundle) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(SandboxerError::Shim(format!(
+            "create {}: {e}",
+            bundle.display()
+        ))),
+    }
+}
+
 fn create_private_dir(path: &Path) -> Result<(), SandboxerError> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
@@ -493,6 +514,39 @@ mod tests {
             controller.containerd_ttrpc_address,
             Path::new("/run/containerd/containerd.sock.ttrpc")
         );
+    }
+
+    /// Two Creates of one pod in flight: the second is refused at once, and the first's
+    /// failure leaves the ID free again.
+    #[tokio::test]
+    async fn a_create_in_flight_claims_the_pod_id() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shim = dir.path().join("slow-shim");
+        std::fs::write(&shim, "#!/bin/sh\nsleep 1\necho cannot start >&2\nexit 1\n")
+            .expect("write shim");
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod shim");
+        let controller =
+            SandboxController::new(dir.path(), &shim, Path::new("/nonexistent/containerd.sock"));
+        let request = || api::ControllerCreateRequest {
+            sandbox_id: "pod".to_string(),
+            ..Default::default()
+        };
+        let (first, second) = tokio::join!(
+            controller.create("k8s.io", request()),
+            controller.create("k8s.io", request())
+        );
+        let refused =
+            |r: &Result<(), SandboxerError>| matches!(r, Err(SandboxerError::AlreadyExists(_)));
+        let failed = |r: &Result<(), SandboxerError>| matches!(r, Err(SandboxerError::Shim(e)) if e.contains("cannot start"));
+        assert!(
+            refused(&first) && failed(&second) || failed(&first) && refused(&second),
+            "{first:?} {second:?}"
+        );
+        assert!(!dir.path().join("sandboxer/k8s.io/pod").exists());
+        let again = controller.create("k8s.io", request()).await;
+        assert!(matches!(again, Err(SandboxerError::Shim(_))), "{again:?}");
     }
 
     #[test]

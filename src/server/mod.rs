@@ -26,6 +26,10 @@ pub use service::{CriService, ServiceError, ServiceState};
 
 /// How long shutdown waits for in-flight RPCs and tasks before abandoning them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Calls in flight on one CRI connection at most (the HTTP/2 crates set no limit when
+/// asked for none): kubelet's pod workers and probes stay well below it, and a client
+/// past it waits for a call to end instead of making crius hold more.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 
 /// Raises crius's open-file limit to the hard limit: every container holds FIFOs, every
 /// stream a socket, and the default soft limit (1024) is what a flood would exhaust first.
@@ -97,6 +101,7 @@ impl CriService {
         let cancel = self.shutdown.clone();
         tasks.spawn(async move {
             let served = tonic::transport::Server::builder()
+                .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(
                     UnixListenerStream::new(grpc_listener)

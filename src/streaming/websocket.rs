@@ -36,9 +36,11 @@ const OUTGOING_QUEUE: usize = 64;
 /// While stdin waits for the process, how often the client is pinged to learn whether it
 /// is still there.
 const PEER_PROBE_INTERVAL: Duration = Duration::from_secs(2);
-/// The largest message (and frame) a client may send: clients send a whole stdin upload as
-/// one message (kubelet's own limit is 32 MiB).
-pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+/// The largest message (and frame) a client may send, held whole until it is routed: as
+/// much as a SPDY connection may have waiting for the process
+/// ([`crate::streaming::input::CONNECTION_INPUT_LIMIT`]). client-go sends stdin in
+/// messages of one read (32 KiB), base64 ones a third larger.
+pub const MAX_MESSAGE: usize = super::input::CONNECTION_INPUT_LIMIT;
 /// How long the last messages and the close may take to go out.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
