@@ -8,19 +8,25 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::api::v1::{CreateContainerRequest, CreateContainerResponse};
+use crate::api::v1::{ContainerConfig, CreateContainerRequest, CreateContainerResponse};
 use containerd_client::services::v1::Container as ContainerRecord;
+use containerd_client::types::Mount;
 use tonic::Status;
 
 use super::container::metadata_extension;
+use super::names::Reservation;
 use super::sandbox::{KIND_CONTAINER, KIND_LABEL, internal, is_host_ipc, new_id};
 use super::unix_nanos;
+use super::userns::PodUserns;
+use crate::config::RuntimeConfig;
 use crate::io::ContainerIo;
 use crate::oci::container::{ContainerSpecInput, PodFiles, container_spec};
-use crate::oci::user::{cri_user_string, resolve_with_policy};
+use crate::oci::user::{AccountFiles, ResolvedUser, cri_user_string, resolve_with_policy};
 use crate::oci::{self};
 use crate::server::CriService;
-use crate::store::{Container, ContainerMetadata, ContainerStatus, SandboxState};
+use crate::store::{
+    Container, ContainerMetadata, ContainerStatus, Image, SandboxMetadata, SandboxState,
+};
 use crate::undo::Undo;
 
 impl CriService {
@@ -93,27 +99,10 @@ impl CriService {
         &self,
         req: CreateContainerRequest,
     ) -> Result<CreateContainerResponse, Status> {
-        let mut config = req
-            .config
-            .ok_or_else(|| Status::invalid_argument("container config is required"))?;
-        let fingerprint = container_fingerprint(&req.pod_sandbox_id, &config);
-        let meta = config
-            .metadata
-            .clone()
-            .filter(|m| !m.name.is_empty())
-            .ok_or_else(|| Status::invalid_argument("container config must have metadata.name"))?;
-        let image_text = config
-            .image
-            .as_ref()
-            .map(|i| i.image.clone())
-            .filter(|i| !i.is_empty())
-            .ok_or_else(|| Status::invalid_argument("container config must name an image"))?;
-        let (image_text, restore_from) = self.restore_source(&mut config, &image_text).await?;
-        super::validate::container_config(&config)?;
-        super::validate::unified_resources(
-            config.linux.as_ref().and_then(|l| l.resources.as_ref()),
-            self.cgroups.as_ref(),
-        )?;
+        let fingerprint = (req.config.as_ref())
+            .map(|config| container_fingerprint(&req.pod_sandbox_id, config))
+            .unwrap_or_default();
+        let (config, image_text, restore_from) = self.checked_container_config(req.config).await?;
         let sandbox = self.find_sandbox(&req.pod_sandbox_id)?.ok_or_else(|| {
             Status::not_found(format!("pod sandbox {:?} not found", req.pod_sandbox_id))
         })?;
@@ -129,38 +118,9 @@ impl CriService {
             )));
         }
         self.check_runtime_supports(&config, &sandbox_meta.runtime_handler)?;
-        check_log_path(&config.log_path)?;
         let image = self.images.resolve(&image_text).ok_or_else(|| {
             Status::not_found(format!("image {image_text:?} not found: pull it first"))
         })?;
-        let pod = sandbox_meta.config.metadata.clone().unwrap_or_default();
-        let name = format!(
-            "{}_{}_{}_{}_{}",
-            meta.name, pod.name, pod.namespace, pod.uid, meta.attempt
-        );
-        let id = new_id();
-        let containers = self.containers.clone();
-        let reserved = super::names::reserve(
-            &self.container_names,
-            "container",
-            &name,
-            &id,
-            &fingerprint,
-            |holder| {
-                containers
-                    .get(holder)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|c| c.id() == holder)
-            },
-        )
-        .await?;
-        if let super::names::Reservation::Existing(existing) = reserved {
-            tracing::info!(container = %existing, name, "a retried CreateContainer gets the container it made");
-            return Ok(CreateContainerResponse {
-                container_id: existing,
-            });
-        }
         let runtime = self
             .config
             .runtime(&sandbox_meta.runtime_handler)
@@ -171,263 +131,43 @@ impl CriService {
                     sandbox_meta.runtime_handler
                 ))
             })?;
-
+        let name = container_name(&config, &sandbox_meta);
+        let id = new_id();
+        if let Reservation::Existing(existing) = self
+            .reserve_container_name(&name, &id, &fingerprint)
+            .await?
+        {
+            tracing::info!(container = %existing, name, "a retried CreateContainer gets the container it made");
+            return Ok(CreateContainerResponse {
+                container_id: existing,
+            });
+        }
+        let mut new = NewContainer {
+            id,
+            name,
+            config,
+            image,
+            image_text,
+            restore_from,
+            sandbox: sandbox_meta,
+            sandbox_pid: sandbox_status.pid,
+            runtime,
+        };
         let mut undo = Undo::new();
         {
-            let (service, name, id) = (self.clone(), name.clone(), id.clone());
+            let (service, name, id) = (self.clone(), new.name.clone(), new.id.clone());
             undo.push("release container name", async move {
                 service.container_names.release(&name, &id);
             });
         }
-        let created = async {
-            // Image volumes stay mounted for the pod's other containers, also when this
-            // creation fails; stopping the pod removes them.
-            self.mount_image_volumes(&sandbox_meta.id, &mut config.mounts)
-                .await?;
-            let root_dir = self.container_root_dir(&id);
-            let state_dir = self.container_state_dir(&id);
-            for dir in [&root_dir, &state_dir] {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
-            }
-            {
-                let dirs = [root_dir.clone(), state_dir.clone()];
-                undo.push("remove container dirs", async move {
-                    for dir in dirs {
-                        let _ = std::fs::remove_dir_all(dir);
-                    }
-                });
-            }
-
-            let snapshotter = self.config.containerd.snapshotter.clone();
-            let lease = self.creation_leases.take().await.map_err(internal)?;
-            let pod_userns = self.sandbox_user_namespace(&sandbox_meta);
-            let made = async {
-                let parent = self
-                    .rootfs_parent(&image.chain_id, pod_userns.as_ref(), &lease)
-                    .await?;
-                let mounts = self
-                    .containerd
-                    .prepare_snapshot(&snapshotter, &id, &parent, HashMap::new(), Some(&lease))
-                    .await
-                    .map_err(|e| {
-                        Status::internal(format!("preparing the container rootfs: {e}"))
-                    })?;
-                crate::failpoint::hit("container_after_snapshot")
-                    .await
-                    .map_err(internal)?;
-                {
-                    let (service, id, snapshotter) =
-                        (self.clone(), id.clone(), snapshotter.clone());
-                    undo.push("remove container snapshot", async move {
-                        let _ = service.containerd.remove_snapshot(&snapshotter, &id).await;
-                    });
-                }
-
-                let image_volumes: Vec<String> = image
-                    .config
-                    .config
-                    .volumes
-                    .iter()
-                    .flat_map(|v| v.keys().cloned())
-                    .collect();
-                let rootfs = self
-                    .read_container_rootfs(
-                        &root_dir,
-                        &config,
-                        &image_volumes,
-                        &image.chain_id,
-                        mounts.clone(),
-                    )
-                    .await?;
-                let declared_volumes = rootfs.volumes;
-                if let Some(pod) = &pod_userns {
-                    give_volumes_to_pod_root(&declared_volumes, pod.mappings).await?;
-                }
-
-                let linux = config.linux.clone().unwrap_or_default();
-                let security = linux.security_context.clone().unwrap_or_default();
-                let user_string = cri_user_string(
-                    security.run_as_user.as_ref().map(|v| v.value),
-                    &security.run_as_username,
-                    security.run_as_group.as_ref().map(|v| v.value),
-                )
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-                let user_string = if user_string.is_empty() {
-                    image.config.config.user.clone()
-                } else {
-                    user_string
-                };
-                let files = rootfs.accounts;
-                let strict = security.supplemental_groups_policy
-                    == crate::api::v1::SupplementalGroupsPolicy::Strict as i32;
-                let user = resolve_with_policy(
-                    &user_string,
-                    &files,
-                    &security.supplemental_groups,
-                    !strict,
-                )
-                .map_err(|e| Status::invalid_argument(format!("container user: {e}")))?;
-
-                let sandbox_root = self.sandbox_root_dir(&sandbox_meta.id);
-                let shm = if is_host_ipc(&sandbox_meta.config) {
-                    PathBuf::from("/dev/shm")
-                } else {
-                    self.sandbox_shm_path(&sandbox_meta.id)
-                };
-                let oom = linux
-                    .resources
-                    .as_ref()
-                    .map(|r| r.oom_score_adj)
-                    .filter(|adj| *adj != 0)
-                    .map(|adj| self.clamp_oom_score_adj(adj as i32));
-                let idmapped_rootfs = self.idmapped_rootfs_dir(&id);
-                {
-                    let (service, id) = (self.clone(), id.clone());
-                    undo.push("unmount idmapped mounts", async move {
-                        service.unmount_idmapped_rootfs(&id);
-                    });
-                }
-                let runtime_idmaps = self.handler_idmaps(&sandbox_meta.runtime_handler);
-                let idmapped_config = self
-                    .idmap_cri_mounts(&id, &config, pod_userns.as_ref(), runtime_idmaps)
-                    .await?;
-                let spec = container_spec(&ContainerSpecInput {
-                    id: &id,
-                    namespace: self.containerd.namespace(),
-                    config: idmapped_config.as_ref().unwrap_or(&config),
-                    sandbox_id: &sandbox_meta.id,
-                    sandbox_config: &sandbox_meta.config,
-                    sandbox_pid: sandbox_status.pid,
-                    target_pid: self.target_pid(&config)?,
-                    image: &image.config.config,
-                    image_name: &image_text,
-                    user: &user,
-                    pod_files: PodFiles {
-                        hosts: &sandbox_root.join("hosts"),
-                        hostname: &sandbox_root.join("hostname"),
-                        resolv_conf: &sandbox_root.join("resolv.conf"),
-                        shm: &shm,
-                    },
-                    systemd_cgroup: runtime.options.systemd_cgroup,
-                    oom_score_adj: oom,
-                    passthrough_annotations: oci::passthrough_annotations(
-                        &config.annotations,
-                        &runtime.container_annotations,
-                    ),
-                    hostname: &super::sandbox::pod_hostname(&sandbox_meta.config),
-                    declared_volumes: &declared_volumes,
-                    privileged_without_host_devices: runtime.privileged_without_host_devices,
-                    userns: pod_userns
-                        .as_ref()
-                        .map(|pod| oci::builder::PodUserNamespace {
-                            path: &pod.pin,
-                            mappings: &pod.mappings,
-                            rootfs: (!pod.copy_rootfs).then_some(idmapped_rootfs.as_path()),
-                            host_network: super::sandbox::is_host_network(&sandbox_meta.config),
-                        }),
-                })
-                .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
-                let spec = self.inject_cdi_devices(spec, &config).await?;
-                let process_spec = serde_json::to_vec(spec.process())
-                    .map_err(internal)?
-                    .into_boxed_slice();
-
-                let log_path =
-                    if sandbox_meta.config.log_directory.is_empty() || config.log_path.is_empty() {
-                        String::new()
-                    } else {
-                        Path::new(&sandbox_meta.config.log_directory)
-                            .join(&config.log_path)
-                            .display()
-                            .to_string()
-                    };
-                let metadata = ContainerMetadata {
-                    id: id.clone(),
-                    name: name.clone(),
-                    sandbox_id: sandbox_meta.id.clone(),
-                    config: config.clone(),
-                    image_ref: image.id.clone(),
-                    image_name: image_text.clone(),
-                    log_path,
-                    stop_signal: effective_stop_signal(&config, &image.config.config.stop_signal),
-                    user: Some(status_user(&user)),
-                    created_at: unix_nanos(SystemTime::now()),
-                    restore_from: restore_from
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default(),
-                    cgroups_path: spec
-                        .linux()
-                        .as_ref()
-                        .and_then(|l| l.cgroups_path().as_ref())
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default(),
-                };
-                let mut labels = config.labels.clone();
-                labels.insert(KIND_LABEL.to_string(), KIND_CONTAINER.to_string());
-                let record = ContainerRecord {
-                    id: id.clone(),
-                    labels,
-                    image: image_text.clone(),
-                    runtime: crate::containerd::tasks::runtime(
-                        &runtime.runtime_type,
-                        super::sandbox_run::runtime_options(&runtime),
-                    ),
-                    spec: Some(oci::to_any(&spec).map_err(internal)?),
-                    snapshotter: snapshotter.clone(),
-                    snapshot_key: id.clone(),
-                    extensions: metadata_extension(&metadata)?,
-                    ..Default::default()
-                };
-                self.containerd
-                    .create_container(record, Some(&lease))
-                    .await
-                    .map_err(|e| Status::internal(format!("creating the container: {e}")))?;
-                {
-                    let (service, id) = (self.clone(), id.clone());
-                    undo.push("delete container record", async move {
-                        let _ = service.containerd.delete_container(&id).await;
-                    });
-                }
-                crate::failpoint::hit("container_after_record")
-                    .await
-                    .map_err(internal)?;
-                Ok::<_, Status>((metadata, process_spec, mounts))
-            }
-            .await;
-            // The record holds the snapshot now: the lease goes while the container's own
-            // files are made.
-            let lease_deleted = self.creation_leases.finish(&lease);
-            let (made, ()) = tokio::join!(
-                async {
-                    let (metadata, process_spec, rootfs) = made?;
-                    let container =
-                        persist_new_container(metadata, process_spec, &config, root_dir, state_dir)
-                            .await?;
-                    container.keep_rootfs_mounts(rootfs);
-                    Ok::<_, Status>(container)
-                },
-                lease_deleted
-            );
-            let container = made?;
-            let metadata = &container.metadata;
-            let sandbox_id = metadata.sandbox_id.clone();
-            self.containers.add(container);
-            self.emit_container_event(
-                &id,
-                &sandbox_id,
-                crate::api::v1::ContainerEventType::ContainerCreatedEvent,
-            );
-            Ok::<(), Status>(())
-        }
-        .await;
-        match created {
+        match self.make_container(&mut undo, &mut new).await {
             Ok(()) => {
                 undo.disarm();
-                self.container_names.settle(&name, &id);
-                tracing::info!(container = %id, name, sandbox = %sandbox_meta.id, "container created");
-                Ok(CreateContainerResponse { container_id: id })
+                self.container_names.settle(&new.name, &new.id);
+                tracing::info!(container = %new.id, name = new.name, sandbox = %new.sandbox.id, "container created");
+                Ok(CreateContainerResponse {
+                    container_id: new.id,
+                })
             }
             Err(e) => {
                 undo.run().await;
@@ -435,9 +175,378 @@ impl CriService {
             }
         }
     }
+
+    /// The request's container config, checked, with the image it names (for a restore:
+    /// the checkpointed container's image, and the checkpoint).
+    async fn checked_container_config(
+        &self,
+        config: Option<ContainerConfig>,
+    ) -> Result<(ContainerConfig, String, Option<PathBuf>), Status> {
+        let mut config =
+            config.ok_or_else(|| Status::invalid_argument("container config is required"))?;
+        if config.metadata.as_ref().is_none_or(|m| m.name.is_empty()) {
+            return Err(Status::invalid_argument(
+                "container config must have metadata.name",
+            ));
+        }
+        let image_text = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .filter(|i| !i.is_empty())
+            .ok_or_else(|| Status::invalid_argument("container config must name an image"))?;
+        let (image_text, restore_from) = self.restore_source(&mut config, &image_text).await?;
+        super::validate::container_config(&config)?;
+        super::validate::unified_resources(
+            config.linux.as_ref().and_then(|l| l.resources.as_ref()),
+            self.cgroups.as_ref(),
+        )?;
+        check_log_path(&config.log_path)?;
+        Ok((config, image_text, restore_from))
+    }
+
+    async fn reserve_container_name(
+        &self,
+        name: &str,
+        id: &str,
+        fingerprint: &str,
+    ) -> Result<Reservation, Status> {
+        let containers = self.containers.clone();
+        super::names::reserve(
+            &self.container_names,
+            "container",
+            name,
+            id,
+            fingerprint,
+            |holder| {
+                containers
+                    .get(holder)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| c.id() == holder)
+            },
+        )
+        .await
+    }
+
+    /// Makes everything of a new container; `undo` takes back each step if a later one
+    /// fails.
+    async fn make_container(&self, undo: &mut Undo, new: &mut NewContainer) -> Result<(), Status> {
+        // Image volumes stay mounted for the pod's other containers, also when this
+        // creation fails; stopping the pod removes them.
+        self.mount_image_volumes(&new.sandbox.id, &mut new.config.mounts)
+            .await?;
+        let (root_dir, state_dir) = self.make_container_dirs(undo, &new.id)?;
+        let lease = self.creation_leases.take().await.map_err(internal)?;
+        let recorded = self.snapshot_and_record(undo, new, &lease).await;
+        // The record holds the snapshot now: the lease goes while the container's own
+        // files are made.
+        let (made, ()) = tokio::join!(
+            async {
+                let (metadata, process_spec, rootfs) = recorded?;
+                let container =
+                    persist_new_container(metadata, process_spec, &new.config, root_dir, state_dir)
+                        .await?;
+                container.keep_rootfs_mounts(rootfs);
+                Ok::<_, Status>(container)
+            },
+            self.creation_leases.finish(&lease)
+        );
+        self.containers.add(made?);
+        self.emit_container_event(
+            &new.id,
+            &new.sandbox.id,
+            crate::api::v1::ContainerEventType::ContainerCreatedEvent,
+        );
+        Ok(())
+    }
+
+    /// The container's dirs (its status file, its FIFOs), removed by `undo`.
+    fn make_container_dirs(&self, undo: &mut Undo, id: &str) -> Result<(PathBuf, PathBuf), Status> {
+        let root_dir = self.container_root_dir(id);
+        let state_dir = self.container_state_dir(id);
+        for dir in [&root_dir, &state_dir] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+        }
+        let dirs = [root_dir.clone(), state_dir.clone()];
+        undo.push("remove container dirs", async move {
+            for dir in dirs {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        });
+        Ok((root_dir, state_dir))
+    }
+
+    /// Prepares the container's snapshot under `lease`, builds its spec and records it in
+    /// containerd: its metadata, its process spec and its rootfs mounts.
+    async fn snapshot_and_record(
+        &self,
+        undo: &mut Undo,
+        new: &NewContainer,
+        lease: &str,
+    ) -> Result<(ContainerMetadata, Box<[u8]>, Vec<Mount>), Status> {
+        let snapshotter = self.config.containerd.snapshotter.clone();
+        let pod_userns = self.sandbox_user_namespace(&new.sandbox);
+        let parent = self
+            .rootfs_parent(&new.image.chain_id, pod_userns.as_ref(), lease)
+            .await?;
+        let mounts = self
+            .containerd
+            .prepare_snapshot(&snapshotter, &new.id, &parent, HashMap::new(), Some(lease))
+            .await
+            .map_err(|e| Status::internal(format!("preparing the container rootfs: {e}")))?;
+        crate::failpoint::hit("container_after_snapshot")
+            .await
+            .map_err(internal)?;
+        {
+            let (service, id, snapshotter) = (self.clone(), new.id.clone(), snapshotter.clone());
+            undo.push("remove container snapshot", async move {
+                let _ = service.containerd.remove_snapshot(&snapshotter, &id).await;
+            });
+        }
+        let (spec, user) = self
+            .build_container_spec(undo, new, pod_userns.as_ref(), &mounts)
+            .await?;
+        let process_spec = serde_json::to_vec(spec.process())
+            .map_err(internal)?
+            .into_boxed_slice();
+        let metadata = container_metadata(new, &spec, &user);
+        self.record_container(undo, new, &metadata, &spec, &snapshotter, lease)
+            .await?;
+        crate::failpoint::hit("container_after_record")
+            .await
+            .map_err(internal)?;
+        Ok((metadata, process_spec, mounts))
+    }
+
+    /// The container's OCI spec and the user it runs as, from the image's rootfs (its
+    /// account files; the volumes it declares, made here), with idmapped mounts and CDI
+    /// devices.
+    async fn build_container_spec(
+        &self,
+        undo: &mut Undo,
+        new: &NewContainer,
+        pod_userns: Option<&PodUserns>,
+        mounts: &[Mount],
+    ) -> Result<(oci_spec::runtime::Spec, ResolvedUser), Status> {
+        let (config, sandbox) = (&new.config, &new.sandbox);
+        let image_volumes: Vec<String> = (new.image.config.config.volumes.iter())
+            .flat_map(|v| v.keys().cloned())
+            .collect();
+        let rootfs = self
+            .read_container_rootfs(
+                &self.container_root_dir(&new.id),
+                config,
+                &image_volumes,
+                &new.image.chain_id,
+                mounts.to_vec(),
+            )
+            .await?;
+        if let Some(pod) = pod_userns {
+            give_volumes_to_pod_root(&rootfs.volumes, pod.mappings).await?;
+        }
+        let user = container_user(config, &new.image.config.config.user, &rootfs.accounts)?;
+        let sandbox_root = self.sandbox_root_dir(&sandbox.id);
+        let shm = if is_host_ipc(&sandbox.config) {
+            PathBuf::from("/dev/shm")
+        } else {
+            self.sandbox_shm_path(&sandbox.id)
+        };
+        let idmapped_rootfs = self.idmapped_rootfs_dir(&new.id);
+        {
+            let (service, id) = (self.clone(), new.id.clone());
+            undo.push("unmount idmapped mounts", async move {
+                service.unmount_idmapped_rootfs(&id);
+            });
+        }
+        let runtime_idmaps = self.handler_idmaps(&sandbox.runtime_handler);
+        let idmapped_config = self
+            .idmap_cri_mounts(&new.id, config, pod_userns, runtime_idmaps)
+            .await?;
+        let spec = container_spec(&ContainerSpecInput {
+            id: &new.id,
+            namespace: self.containerd.namespace(),
+            config: idmapped_config.as_ref().unwrap_or(config),
+            sandbox_id: &sandbox.id,
+            sandbox_config: &sandbox.config,
+            sandbox_pid: new.sandbox_pid,
+            target_pid: self.target_pid(config)?,
+            image: &new.image.config.config,
+            image_name: &new.image_text,
+            user: &user,
+            pod_files: PodFiles {
+                hosts: &sandbox_root.join("hosts"),
+                hostname: &sandbox_root.join("hostname"),
+                resolv_conf: &sandbox_root.join("resolv.conf"),
+                shm: &shm,
+            },
+            systemd_cgroup: new.runtime.options.systemd_cgroup,
+            oom_score_adj: self.container_oom_score_adj(config),
+            passthrough_annotations: oci::passthrough_annotations(
+                &config.annotations,
+                &new.runtime.container_annotations,
+            ),
+            hostname: &super::sandbox::pod_hostname(&sandbox.config),
+            declared_volumes: &rootfs.volumes,
+            privileged_without_host_devices: new.runtime.privileged_without_host_devices,
+            userns: pod_userns.map(|pod| oci::builder::PodUserNamespace {
+                path: &pod.pin,
+                mappings: &pod.mappings,
+                rootfs: (!pod.copy_rootfs).then_some(idmapped_rootfs.as_path()),
+                host_network: super::sandbox::is_host_network(&sandbox.config),
+            }),
+        })
+        .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
+        let spec = self.inject_cdi_devices(spec, config).await?;
+        Ok((spec, user))
+    }
+
+    /// The container's OOM score adjustment, when its resources set one (clamped to what
+    /// crius may give).
+    fn container_oom_score_adj(&self, config: &ContainerConfig) -> Option<i32> {
+        config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .map(|r| r.oom_score_adj)
+            .filter(|adj| *adj != 0)
+            .map(|adj| self.clamp_oom_score_adj(adj as i32))
+    }
+
+    /// Records the container in containerd (the record holds its snapshot from then on),
+    /// deleted by `undo`.
+    async fn record_container(
+        &self,
+        undo: &mut Undo,
+        new: &NewContainer,
+        metadata: &ContainerMetadata,
+        spec: &oci_spec::runtime::Spec,
+        snapshotter: &str,
+        lease: &str,
+    ) -> Result<(), Status> {
+        let mut labels = new.config.labels.clone();
+        labels.insert(KIND_LABEL.to_string(), KIND_CONTAINER.to_string());
+        let record = ContainerRecord {
+            id: new.id.clone(),
+            labels,
+            image: new.image_text.clone(),
+            runtime: crate::containerd::tasks::runtime(
+                &new.runtime.runtime_type,
+                super::sandbox_run::runtime_options(&new.runtime),
+            ),
+            spec: Some(oci::to_any(spec).map_err(internal)?),
+            snapshotter: snapshotter.to_string(),
+            snapshot_key: new.id.clone(),
+            extensions: metadata_extension(metadata)?,
+            ..Default::default()
+        };
+        self.containerd
+            .create_container(record, Some(lease))
+            .await
+            .map_err(|e| Status::internal(format!("creating the container: {e}")))?;
+        let (service, id) = (self.clone(), new.id.clone());
+        undo.push("delete container record", async move {
+            let _ = service.containerd.delete_container(&id).await;
+        });
+        Ok(())
+    }
 }
 
-/// What makes two CreateContainer requests the same: the pod and the container config.
+/// What CreateContainer settled before it makes anything: the request checked, the pod
+/// ready, the image and the runtime found, the name reserved under a new ID.
+struct NewContainer {
+    id: String,
+    name: String,
+    config: ContainerConfig,
+    image: Image,
+    /// The image as the request names it.
+    image_text: String,
+    /// The checkpoint a restore starts from.
+    restore_from: Option<PathBuf>,
+    sandbox: SandboxMetadata,
+    sandbox_pid: u32,
+    runtime: RuntimeConfig,
+}
+
+/// `<container>_<pod>_<namespace>_<pod uid>_<attempt>`, unique per pod and attempt.
+fn container_name(config: &ContainerConfig, sandbox: &SandboxMetadata) -> String {
+    let meta = config.metadata.clone().unwrap_or_default();
+    let pod = sandbox.config.metadata.clone().unwrap_or_default();
+    format!(
+        "{}_{}_{}_{}_{}",
+        meta.name, pod.name, pod.namespace, pod.uid, meta.attempt
+    )
+}
+
+/// Who the container runs as: the security context's user, else the image's, resolved in
+/// the image's account files.
+fn container_user(
+    config: &ContainerConfig,
+    image_user: &str,
+    files: &AccountFiles,
+) -> Result<ResolvedUser, Status> {
+    let security = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.clone())
+        .unwrap_or_default();
+    let user_string = cri_user_string(
+        security.run_as_user.as_ref().map(|v| v.value),
+        &security.run_as_username,
+        security.run_as_group.as_ref().map(|v| v.value),
+    )
+    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let user_string = if user_string.is_empty() {
+        image_user.to_string()
+    } else {
+        user_string
+    };
+    let strict = security.supplemental_groups_policy
+        == crate::api::v1::SupplementalGroupsPolicy::Strict as i32;
+    resolve_with_policy(&user_string, files, &security.supplemental_groups, !strict)
+        .map_err(|e| Status::invalid_argument(format!("container user: {e}")))
+}
+
+/// What crius keeps of a new container (its record's extension and its status file).
+fn container_metadata(
+    new: &NewContainer,
+    spec: &oci_spec::runtime::Spec,
+    user: &ResolvedUser,
+) -> ContainerMetadata {
+    let config = &new.config;
+    let log_directory = &new.sandbox.config.log_directory;
+    let log_path = if log_directory.is_empty() || config.log_path.is_empty() {
+        String::new()
+    } else {
+        Path::new(log_directory)
+            .join(&config.log_path)
+            .display()
+            .to_string()
+    };
+    ContainerMetadata {
+        id: new.id.clone(),
+        name: new.name.clone(),
+        sandbox_id: new.sandbox.id.clone(),
+        config: config.clone(),
+        image_ref: new.image.id.clone(),
+        image_name: new.image_text.clone(),
+        log_path,
+        stop_signal: effective_stop_signal(config, &new.image.config.config.stop_signal),
+        user: Some(status_user(user)),
+        created_at: unix_nanos(SystemTime::now()),
+        restore_from: (new.restore_from.as_ref())
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        cgroups_path: spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().as_ref())
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+    }
+}
+
 /// How long reading the CDI spec directories may take for one container.
 const CDI_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -479,6 +588,7 @@ impl CriService {
     }
 }
 
+/// What makes two CreateContainer requests the same: the pod and the container config.
 pub(crate) fn container_fingerprint(
     sandbox_id: &str,
     config: &crate::api::v1::ContainerConfig,
