@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::pod::{Pod, container, image, pod};
+use common::pod::{Pod, container, host_network_pod_config, image, pod, pod_on};
 use common::{Crius, eventually, pod_config};
 use crius::api::v1::{
     ContainerFilter, ContainerState, ContainerStateValue, ContainerStatusRequest, Int64Value,
@@ -793,4 +793,46 @@ async fn creations_take_a_lease_made_ahead_and_start_up_deletes_it() {
         .await
         .unwrap();
     pod.remove_pod().await;
+}
+
+/// A pod whose runtime handler left the config (crius restarted without it) gets no new
+/// containers, and a retry of the refused request is refused the same way at once: the
+/// first one left no name reserved behind it.
+#[tokio::test]
+async fn a_pod_whose_handler_is_gone_refuses_containers_and_holds_no_name() {
+    let mut crius = Crius::start_with(
+        |config| {
+            let runc = config.containerd.runtimes["runc"].clone();
+            config.containerd.runtimes.insert("gone".to_string(), runc);
+        },
+        &[],
+    )
+    .await;
+    let mut pod = pod_on(&crius, host_network_pod_config("gone"), "gone").await;
+    crius.config.containerd.runtimes.remove("gone");
+    std::fs::write(
+        &crius.config_path,
+        toml::to_string(&crius.config).expect("serialize config"),
+    )
+    .expect("write config");
+    crius.restart().await;
+    pod.client = crius.client().await;
+    for attempt in ["first", "retry"] {
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            pod.create(container("app", "busybox:latest", &["true"])),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the {attempt} CreateContainer hung"))
+        .expect_err("no handler");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        assert!(
+            refused.message().contains("no longer configured"),
+            "{refused:?}"
+        );
+    }
 }
