@@ -182,18 +182,19 @@ impl CriService {
             uids.host_id, uids.size, gids.host_id, gids.size
         );
         let _making = self.remap_lock.lock().await;
+        // Under the caller's lease before it is looked for: garbage collection may take a
+        // copy no pod holds at any moment (the last pod of the range removed, a failed
+        // creation's lease deleted); leased first, a copy that is found stays.
+        self.containerd
+            .lease_snapshot(lease, snapshotter, &name)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
         let exists = self
             .containerd
             .snapshot_exists(snapshotter, &name)
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
         if exists {
-            // Under the caller's lease before the lock goes: the last pod of the range may
-            // be removed meanwhile, and garbage collection would take the copy.
-            self.containerd
-                .lease_snapshot(lease, snapshotter, &name)
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
             return Ok(name);
         }
         tracing::info!(snapshot = %name, "making a copy of an image remapped to a pod's range");
