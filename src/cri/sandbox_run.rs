@@ -36,44 +36,9 @@ impl CriService {
         &self,
         req: RunPodSandboxRequest,
     ) -> Result<RunPodSandboxResponse, Status> {
-        let config = req
-            .config
-            .ok_or_else(|| Status::invalid_argument("pod sandbox config is required"))?;
-        let pod = config
-            .metadata
-            .clone()
-            .ok_or_else(|| Status::invalid_argument("pod sandbox config must have metadata"))?;
-        for (field, value) in [
-            ("name", &pod.name),
-            ("namespace", &pod.namespace),
-            ("uid", &pod.uid),
-        ] {
-            if value.is_empty() {
-                return Err(Status::invalid_argument(format!(
-                    "pod sandbox metadata.{field} is required"
-                )));
-            }
-        }
-        if let Some(linux) = &config.linux {
-            super::sandbox_update::check_pod_resources(
-                linux.resources.as_ref(),
-                linux.overhead.as_ref(),
-            )?;
-        }
         let handler = req.runtime_handler;
-        let runtime = self.config.runtime(&handler).cloned().ok_or_else(|| {
-            Status::invalid_argument(format!("no runtime for handler {handler:?} is configured"))
-        })?;
-        super::validate::pod_config(&config, runtime.options.systemd_cgroup)?;
-        self.pod_user_namespace_request(&config, &handler)?;
-        if !is_host_network(&config) {
-            self.cni.ready().map_err(|e| {
-                Status::failed_precondition(format!(
-                    "NetworkPluginNotReady: cni config load failed: {e}"
-                ))
-            })?;
-        }
-
+        let (config, runtime) = self.checked_pod_config(req.config, &handler)?;
+        let pod = config.metadata.clone().unwrap_or_default();
         let id = new_id();
         let name = format!("{}_{}_{}_{}", pod.name, pod.namespace, pod.uid, pod.attempt);
         let fingerprint = sandbox_fingerprint(&config, &handler);
@@ -128,6 +93,50 @@ impl CriService {
         Ok(RunPodSandboxResponse { pod_sandbox_id: id })
     }
 
+    /// The request's pod config, checked, and the runtime of its handler.
+    fn checked_pod_config(
+        &self,
+        config: Option<PodSandboxConfig>,
+        handler: &str,
+    ) -> Result<(PodSandboxConfig, RuntimeConfig), Status> {
+        let config =
+            config.ok_or_else(|| Status::invalid_argument("pod sandbox config is required"))?;
+        let pod = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("pod sandbox config must have metadata"))?;
+        for (field, value) in [
+            ("name", &pod.name),
+            ("namespace", &pod.namespace),
+            ("uid", &pod.uid),
+        ] {
+            if value.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "pod sandbox metadata.{field} is required"
+                )));
+            }
+        }
+        if let Some(linux) = &config.linux {
+            super::sandbox_update::check_pod_resources(
+                linux.resources.as_ref(),
+                linux.overhead.as_ref(),
+            )?;
+        }
+        let runtime = self.config.runtime(handler).cloned().ok_or_else(|| {
+            Status::invalid_argument(format!("no runtime for handler {handler:?} is configured"))
+        })?;
+        super::validate::pod_config(&config, runtime.options.systemd_cgroup)?;
+        self.pod_user_namespace_request(&config, handler)?;
+        if !is_host_network(&config) {
+            self.cni.ready().map_err(|e| {
+                Status::failed_precondition(format!(
+                    "NetworkPluginNotReady: cni config load failed: {e}"
+                ))
+            })?;
+        }
+        Ok((config, runtime))
+    }
+
     async fn create_sandbox(
         &self,
         undo: &mut Undo,
@@ -140,95 +149,22 @@ impl CriService {
         // Checked by the RPC before: here only read.
         let userns = crate::userns::pod_mappings(&config).ok().flatten();
         let image = self.ensure_sandbox_image().await?;
-        let snapshotter = self.config.containerd.snapshotter.clone();
-
-        // The pod's directories and files.
-        let root_dir = self.sandbox_root_dir(id);
-        let state_dir = self.sandbox_state_dir(id);
-        for dir in [&root_dir, &state_dir] {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
-        }
-        {
-            let (service, id) = (self.clone(), id.to_string());
-            undo.push("remove sandbox dirs", async move {
-                let _ = service.remove_sandbox_dirs(&id);
-            });
-        }
-        self.write_sandbox_files(id, &config)?;
-        if let Some(mappings) = &userns {
-            self.give_sandbox_files_to_pod_root(id, mappings)?;
-        }
-        let shm_path = if is_host_ipc(&config) {
-            "/dev/shm".to_string()
-        } else {
-            let path = self.mount_sandbox_shm(id, userns.map(|m| m.host_root()))?;
-            let (service, id) = (self.clone(), id.to_string());
-            undo.push("unmount sandbox shm", async move {
-                service.unmount_sandbox_shm(&id)
-            });
-            path.display().to_string()
-        };
-
-        let netns_path = if is_host_network(&config) {
-            if let Some(mappings) = userns {
-                self.create_pod_user_namespace(undo, id, mappings, None)
-                    .await?;
-            }
-            String::new()
-        } else {
-            let path = crate::netns::new_path();
-            // Noted before it exists, so a crash right after still finds it to remove.
-            let note = root_dir.join(NETNS_NOTE);
-            crate::fsutil::write_atomic(&note, path.display().to_string().as_bytes(), 0o600)
-                .map_err(|e| Status::internal(format!("writing {}: {e}", note.display())))?;
-            match userns {
-                Some(mappings) => {
-                    self.create_pod_user_namespace(undo, id, mappings, Some(&path))
-                        .await?
-                }
-                None => crate::netns::create(&path).await.map_err(internal)?,
-            }
-            let pinned = path.clone();
-            undo.push("remove netns", async move {
-                if let Err(e) = crate::netns::remove(&pinned).await {
-                    tracing::warn!(error = %e, "undo: removing netns failed");
-                }
-            });
-            path.display().to_string()
-        };
+        let shm_path = self.make_sandbox_files(undo, id, &config, userns)?;
+        let netns_path = self
+            .make_sandbox_namespaces(undo, id, &config, userns)
+            .await?;
         crate::failpoint::hit("sandbox_after_netns")
             .await
             .map_err(internal)?;
 
-        let pod_annotations =
-            oci::passthrough_annotations(&config.annotations, &runtime.pod_annotations);
-        let resolv_path = root_dir.join("resolv.conf").display().to_string();
-        let userns_pin = self.sandbox_userns_pin(id);
         let copy_rootfs = userns.is_some() && self.new_pods_copy_rootfs();
-        let idmapped_rootfs = self.idmapped_rootfs_dir(id);
-        let spec = oci::sandbox_spec(&SandboxSpecInput {
-            id,
-            namespace: self.containerd.namespace(),
-            config: &config,
-            image: &image.config.config,
-            netns_path: (!netns_path.is_empty()).then_some(netns_path.as_str()),
-            shm_path: &shm_path,
-            resolv_conf_path: &resolv_path,
-            oom_score_adj: self.clamp_oom_score_adj(SANDBOX_OOM_SCORE_ADJ),
-            systemd_cgroup: runtime.options.systemd_cgroup,
-            passthrough_annotations: pod_annotations,
-            userns: userns
-                .as_ref()
-                .map(|mappings| oci::builder::PodUserNamespace {
-                    path: &userns_pin,
-                    mappings,
-                    rootfs: (!copy_rootfs).then_some(idmapped_rootfs.as_path()),
-                    host_network: is_host_network(&config),
-                }),
-        })
-        .map_err(|e| Status::invalid_argument(format!("invalid sandbox config: {e}")))?;
-
+        let paths = SandboxPaths {
+            netns: &netns_path,
+            shm: &shm_path,
+            copy_rootfs,
+        };
+        let spec =
+            self.build_sandbox_spec(id, &config, &image, runtime, userns.as_ref(), &paths)?;
         let metadata = SandboxMetadata {
             id: id.to_string(),
             name: name.to_string(),
@@ -241,9 +177,7 @@ impl CriService {
             created_at: unix_nanos(SystemTime::now()),
             image: image.id.clone(),
             cgroups_path: oci::cgroups_path(
-                config
-                    .linux
-                    .as_ref()
+                (config.linux.as_ref())
                     .map(|l| l.cgroup_parent.as_str())
                     .unwrap_or_default(),
                 id,
@@ -252,6 +186,7 @@ impl CriService {
             ),
             userns_rootfs_copy: copy_rootfs,
         };
+        let snapshotter = self.config.containerd.snapshotter.clone();
         let rootfs = self
             .create_sandbox_container(undo, &metadata, &image, &spec, runtime, &snapshotter)
             .await?;
@@ -259,8 +194,160 @@ impl CriService {
             .await
             .map_err(internal)?;
 
+        let sandbox = self.add_creating_sandbox(undo, metadata);
+        let _lifecycle = sandbox.lifecycle.lock().await;
+        let pid = self
+            .start_sandbox_and_network(undo, &sandbox, rootfs, &config)
+            .await?;
+        crate::failpoint::hit("sandbox_after_start")
+            .await
+            .map_err(internal)?;
+        self.mark_sandbox_ready(&sandbox, pid)
+    }
+
+    /// The pod is READY with its pause task's pid, unless that task died while CNI ran
+    /// (its exit made the sandbox NOTREADY).
+    fn mark_sandbox_ready(&self, sandbox: &Sandbox, pid: u32) -> Result<(), Status> {
+        let id = &sandbox.id();
+        let status = sandbox.update_status(|s| {
+            if s.state == SandboxState::Creating {
+                s.state = SandboxState::Ready;
+                s.pid = pid;
+            }
+        });
+        if status.state != SandboxState::Ready {
+            return Err(Status::internal(format!(
+                "the pause task of sandbox {id} exited while the sandbox was being created"
+            )));
+        }
+        self.mark_sandbox_started(id)?;
+        let metadata = sandbox.metadata();
+        tracing::info!(sandbox = %id, name = metadata.name, pid, ips = ?metadata.ips, "pod sandbox running");
+        for kind in [
+            crate::api::v1::ContainerEventType::ContainerCreatedEvent,
+            crate::api::v1::ContainerEventType::ContainerStartedEvent,
+        ] {
+            self.emit_container_event(id, id, kind);
+        }
+        Ok(())
+    }
+
+    /// The pod's dirs and files (hostname, hosts, resolv.conf) and its /dev/shm, each
+    /// removed by `undo`; returns the path of its /dev/shm.
+    fn make_sandbox_files(
+        &self,
+        undo: &mut Undo,
+        id: &str,
+        config: &PodSandboxConfig,
+        userns: Option<Mappings>,
+    ) -> Result<String, Status> {
+        for dir in [self.sandbox_root_dir(id), self.sandbox_state_dir(id)] {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+        }
+        {
+            let (service, id) = (self.clone(), id.to_string());
+            undo.push("remove sandbox dirs", async move {
+                let _ = service.remove_sandbox_dirs(&id);
+            });
+        }
+        self.write_sandbox_files(id, config)?;
+        if let Some(mappings) = &userns {
+            self.give_sandbox_files_to_pod_root(id, mappings)?;
+        }
+        if is_host_ipc(config) {
+            return Ok("/dev/shm".to_string());
+        }
+        let path = self.mount_sandbox_shm(id, userns.map(|m| m.host_root()))?;
+        let (service, id) = (self.clone(), id.to_string());
+        undo.push("unmount sandbox shm", async move {
+            service.unmount_sandbox_shm(&id)
+        });
+        Ok(path.display().to_string())
+    }
+
+    /// The pod's network namespace (none for a host-network pod) and, for a pod in its
+    /// own user namespace, that namespace, each removed by `undo`; returns the netns path
+    /// (empty: the host's).
+    async fn make_sandbox_namespaces(
+        &self,
+        undo: &mut Undo,
+        id: &str,
+        config: &PodSandboxConfig,
+        userns: Option<Mappings>,
+    ) -> Result<String, Status> {
+        if is_host_network(config) {
+            if let Some(mappings) = userns {
+                self.create_pod_user_namespace(undo, id, mappings, None)
+                    .await?;
+            }
+            return Ok(String::new());
+        }
+        let path = crate::netns::new_path();
+        // Noted before it exists, so a crash right after still finds it to remove.
+        let note = self.sandbox_root_dir(id).join(NETNS_NOTE);
+        crate::fsutil::write_atomic(&note, path.display().to_string().as_bytes(), 0o600)
+            .map_err(|e| Status::internal(format!("writing {}: {e}", note.display())))?;
+        match userns {
+            Some(mappings) => {
+                self.create_pod_user_namespace(undo, id, mappings, Some(&path))
+                    .await?
+            }
+            None => crate::netns::create(&path).await.map_err(internal)?,
+        }
+        let pinned = path.clone();
+        undo.push("remove netns", async move {
+            if let Err(e) = crate::netns::remove(&pinned).await {
+                tracing::warn!(error = %e, "undo: removing netns failed");
+            }
+        });
+        Ok(path.display().to_string())
+    }
+
+    /// The pause container's OCI spec.
+    fn build_sandbox_spec(
+        &self,
+        id: &str,
+        config: &PodSandboxConfig,
+        image: &Image,
+        runtime: &RuntimeConfig,
+        userns: Option<&Mappings>,
+        paths: &SandboxPaths,
+    ) -> Result<oci_spec::runtime::Spec, Status> {
+        let resolv_path = self.sandbox_root_dir(id).join("resolv.conf");
+        let resolv_path = resolv_path.display().to_string();
+        let userns_pin = self.sandbox_userns_pin(id);
+        let idmapped_rootfs = self.idmapped_rootfs_dir(id);
+        oci::sandbox_spec(&SandboxSpecInput {
+            id,
+            namespace: self.containerd.namespace(),
+            config,
+            image: &image.config.config,
+            netns_path: (!paths.netns.is_empty()).then_some(paths.netns),
+            shm_path: paths.shm,
+            resolv_conf_path: &resolv_path,
+            oom_score_adj: self.clamp_oom_score_adj(SANDBOX_OOM_SCORE_ADJ),
+            systemd_cgroup: runtime.options.systemd_cgroup,
+            passthrough_annotations: oci::passthrough_annotations(
+                &config.annotations,
+                &runtime.pod_annotations,
+            ),
+            userns: userns.map(|mappings| oci::builder::PodUserNamespace {
+                path: &userns_pin,
+                mappings,
+                rootfs: (!paths.copy_rootfs).then_some(idmapped_rootfs.as_path()),
+                host_network: is_host_network(config),
+            }),
+        })
+        .map_err(|e| Status::invalid_argument(format!("invalid sandbox config: {e}")))
+    }
+
+    /// The new sandbox in the store, CREATING until its task and network are up; `undo`
+    /// forgets it.
+    fn add_creating_sandbox(&self, undo: &mut Undo, metadata: SandboxMetadata) -> Arc<Sandbox> {
+        let id = metadata.id.clone();
         let sandbox = Arc::new(Sandbox::new(
-            metadata.clone(),
+            metadata,
             SandboxStatus {
                 state: SandboxState::Creating,
                 pid: 0,
@@ -269,24 +356,31 @@ impl CriService {
             },
         ));
         self.sandboxes.add(sandbox.clone());
-        {
-            let (service, id) = (self.clone(), id.to_string());
-            undo.push(
-                "forget sandbox",
-                async move { service.sandboxes.remove(&id) },
-            );
-        }
-        let _lifecycle = sandbox.lifecycle.lock().await;
+        let service = self.clone();
+        undo.push(
+            "forget sandbox",
+            async move { service.sandboxes.remove(&id) },
+        );
+        sandbox
+    }
 
-        // CNI ADD and the pause task need only the netns: do both at once. Each success is
-        // registered for undo before either failure is returned.
+    /// Starts the pause task and, at the same time, CNI ADD (they need only the netns);
+    /// each success is registered for undo before either failure is returned. Returns the
+    /// pause task's pid.
+    async fn start_sandbox_and_network(
+        &self,
+        undo: &mut Undo,
+        sandbox: &Arc<Sandbox>,
+        rootfs: Vec<Mount>,
+        config: &PodSandboxConfig,
+    ) -> Result<u32, Status> {
+        let metadata = sandbox.metadata();
+        let id = metadata.id.as_str();
         let network = async {
-            if netns_path.is_empty() {
+            if metadata.netns_path.is_empty() {
                 return Ok(None);
             }
-            self.attach_sandbox_network(&sandbox, &config)
-                .await
-                .map(Some)
+            self.attach_sandbox_network(sandbox, config).await.map(Some)
         };
         let (task, network) = tokio::join!(
             self.create_and_start_sandbox_task(id, rootfs, &metadata),
@@ -294,7 +388,7 @@ impl CriService {
         );
         // Undone newest first: the task goes before its network, as in StopPodSandbox.
         if let Ok(Some(_)) = &network {
-            let (service, pod) = (self.clone(), pod_ref(&sandbox.metadata()));
+            let (service, pod) = (self.clone(), pod_ref(&metadata));
             undo.push("tear down sandbox network", async move {
                 if let Err(e) = service.cni_network.teardown(&pod).await {
                     tracing::warn!(sandbox = %pod.id, error = %e, "undo: CNI teardown failed");
@@ -320,32 +414,9 @@ impl CriService {
                 .map_err(internal)?;
             // Recorded only once the pause task runs too: recovery finishes a sandbox whose
             // network is recorded and whose task runs, and undoes any other.
-            self.record_sandbox_network(&sandbox, attachments).await?;
+            self.record_sandbox_network(sandbox, attachments).await?;
         }
-        crate::failpoint::hit("sandbox_after_start")
-            .await
-            .map_err(internal)?;
-        // The pause task may have died while CNI ran: its exit made the sandbox NOTREADY.
-        let status = sandbox.update_status(|s| {
-            if s.state == SandboxState::Creating {
-                s.state = SandboxState::Ready;
-                s.pid = pid;
-            }
-        });
-        if status.state != SandboxState::Ready {
-            return Err(Status::internal(format!(
-                "the pause task of sandbox {id} exited while the sandbox was being created"
-            )));
-        }
-        self.mark_sandbox_started(id)?;
-        tracing::info!(sandbox = %id, name, pid, ips = ?sandbox.metadata().ips, "pod sandbox running");
-        for kind in [
-            crate::api::v1::ContainerEventType::ContainerCreatedEvent,
-            crate::api::v1::ContainerEventType::ContainerStartedEvent,
-        ] {
-            self.emit_container_event(id, id, kind);
-        }
-        Ok(())
+        Ok(pid)
     }
 
     /// The pod's user namespace, pinned in its state dir, with its netns (if it has one of
@@ -569,4 +640,13 @@ pub(crate) fn runc_options(
 /// What makes two RunPodSandbox requests the same: the config and the handler.
 pub(crate) fn sandbox_fingerprint(config: &PodSandboxConfig, handler: &str) -> String {
     crate::store::name_registrar::fingerprint(&(config, handler))
+}
+
+/// Where a new pod's namespaces and /dev/shm are, for its spec.
+struct SandboxPaths<'a> {
+    /// Empty: the host's network.
+    netns: &'a str,
+    shm: &'a str,
+    /// The pause rootfs is a copy shifted into the pod's IDs (else an idmapped mount).
+    copy_rootfs: bool,
 }
