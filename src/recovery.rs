@@ -25,7 +25,7 @@ use crate::image::load::load_image;
 use crate::io::ContainerIo;
 use crate::server::CriService;
 use crate::store::container::read_status;
-use crate::store::{Container, ContainerState, ContainerStatus};
+use crate::store::{Container, ContainerMetadata, ContainerState, ContainerStatus};
 use crate::store::{ImageStore, Sandbox, SandboxState, SandboxStatus};
 use containerd_client::services::v1::Container as ContainerRecord;
 
@@ -165,121 +165,26 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
     let mut loads = records_with_tasks(service, KIND_CONTAINER).await?;
     let mut recovered = 0;
     while let Some((record, task)) = loads.next().await {
-        let metadata = match container_metadata(&record.extensions) {
-            Some(Ok(metadata)) => metadata,
-            Some(Err(e)) => {
-                tracing::warn!(container = %record.id, error = %e, "skipping container with unreadable metadata");
-                continue;
-            }
-            None => {
-                tracing::debug!(container = %record.id, "skipping a container crius did not make");
-                continue;
-            }
-        };
-        if metadata.id != record.id {
-            tracing::warn!(container = %record.id, metadata_id = %metadata.id, "skipping a container whose metadata names another id");
+        let Some(metadata) = recorded_container_metadata(&record) else {
             continue;
-        }
-        let id = metadata.id.clone();
-        let status_path = service.container_root_dir(&id).join("status");
-        let reading = status_path.clone();
-        let status = match tokio::task::spawn_blocking(move || read_status(&reading))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
+        let Some(status) = recovered_container_status(service, &metadata).await else {
+            continue;
+        };
+        let Some(container) = rebuilt_container(service, &record, metadata, status) else {
+            continue;
+        };
+        resume_container(service, &container, task).await;
+        let metadata = &container.metadata;
+        if let Err(e) = service
+            .container_names
+            .reserve(&metadata.name, &metadata.id)
         {
-            Ok(status) => status,
-            // CreateContainer persists the status last: without it, it never finished.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                tracing::info!(container = %id, "undoing a container whose creation was interrupted");
-                delete_record(service, &id).await;
-                remove_dirs(&[
-                    service.container_root_dir(&id),
-                    service.container_state_dir(&id),
-                ]);
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(container = %id, error = %e, "container status file unreadable");
-                let mut status = ContainerStatus::created(metadata.created_at);
-                status.state = ContainerState::Unknown;
-                status
-            }
-        };
-        let process_spec = record
-            .spec
-            .as_ref()
-            .and_then(|any| serde_json::from_slice::<serde_json::Value>(&any.value).ok())
-            .and_then(|spec| serde_json::to_vec(&spec["process"]).ok())
-            .unwrap_or_default()
-            .into_boxed_slice();
-        let io = match ContainerIo::create(
-            &service.container_state_dir(&id).join("io"),
-            metadata.config.stdin,
-            metadata.config.tty,
-        ) {
-            Ok(io) => Arc::new(io),
-            Err(e) => {
-                tracing::warn!(container = %id, error = %e, "cannot recreate container FIFOs; skipping");
-                continue;
-            }
-        };
-        let container = Arc::new(Container::new(
-            metadata.clone(),
-            status.clone(),
-            status_path,
-            io,
-            process_spec,
-        ));
-        match task {
-            Ok(Ok(Some(t))) if t.status == ProcessStatus::Running => {
-                let log = (!metadata.log_path.is_empty()).then(|| Path::new(&metadata.log_path));
-                if let Err(e) = container.io.start(log, service.config.log_line_limit()) {
-                    tracing::warn!(container = %id, error = %e, "cannot re-attach container output");
-                }
-                container.io.task_created();
-                if status.state != ContainerState::Running {
-                    container.update_status(|s| {
-                        s.state = ContainerState::Running;
-                        s.pid = t.pid;
-                    });
-                }
-            }
-            Ok(Ok(Some(t))) => {
-                let (code, at) = t
-                    .exit
-                    .map(|e| (e.code, e.at))
-                    .unwrap_or((UNKNOWN_EXIT_CODE, std::time::SystemTime::now()));
-                if status.state == ContainerState::Running {
-                    service.handle_container_exit(&container, code, at).await;
-                } else if let Err(e) = service.containerd.delete_task(&id).await {
-                    tracing::warn!(container = %id, error = %e, "deleting a stale task failed");
-                }
-            }
-            Ok(Ok(None)) if status.state == ContainerState::Running => {
-                service
-                    .handle_container_exit(
-                        &container,
-                        UNKNOWN_EXIT_CODE,
-                        std::time::SystemTime::now(),
-                    )
-                    .await;
-            }
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(container = %id, error = %e, "container task state unknown; EXITED with an unknown code");
-                mark_lost(&container);
-            }
-            Err(_) => {
-                tracing::warn!(container = %id, timeout = ?ITEM_TIMEOUT, "container task did not answer; EXITED with an unknown code");
-                mark_lost(&container);
-            }
-        }
-        if let Err(e) = service.container_names.reserve(&metadata.name, &id) {
-            tracing::warn!(container = %id, error = %e, "container name already taken");
+            tracing::warn!(container = %metadata.id, error = %e, "container name already taken");
         }
         service.container_names.set_fingerprint(
             &metadata.name,
-            &id,
+            &metadata.id,
             crate::cri::container_fingerprint(&metadata.sandbox_id, &metadata.config),
         );
         service.containers.add(container);
@@ -287,6 +192,140 @@ pub async fn recover_containers(service: &CriService) -> Result<usize, Container
     }
     tracing::info!(containers = recovered, "containers recovered");
     Ok(recovered)
+}
+
+/// crius's metadata of a container record; None (logged) when the record is not crius's
+/// or its metadata is unreadable or names another container.
+fn recorded_container_metadata(record: &ContainerRecord) -> Option<ContainerMetadata> {
+    let metadata = match container_metadata(&record.extensions) {
+        Some(Ok(metadata)) => metadata,
+        Some(Err(e)) => {
+            tracing::warn!(container = %record.id, error = %e, "skipping container with unreadable metadata");
+            return None;
+        }
+        None => {
+            tracing::debug!(container = %record.id, "skipping a container crius did not make");
+            return None;
+        }
+    };
+    if metadata.id != record.id {
+        tracing::warn!(container = %record.id, metadata_id = %metadata.id, "skipping a container whose metadata names another id");
+        return None;
+    }
+    Some(metadata)
+}
+
+/// The container's status as its file last had it. CreateContainer persists the status
+/// last: without the file the creation never finished, so it is undone here (None).
+async fn recovered_container_status(
+    service: &CriService,
+    metadata: &ContainerMetadata,
+) -> Option<ContainerStatus> {
+    let id = &metadata.id;
+    let reading = service.container_root_dir(id).join("status");
+    let read = tokio::task::spawn_blocking(move || read_status(&reading))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match read {
+        Ok(status) => Some(status),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(container = %id, "undoing a container whose creation was interrupted");
+            delete_record(service, id).await;
+            remove_dirs(&[
+                service.container_root_dir(id),
+                service.container_state_dir(id),
+            ]);
+            None
+        }
+        Err(e) => {
+            tracing::warn!(container = %id, error = %e, "container status file unreadable");
+            let mut status = ContainerStatus::created(metadata.created_at);
+            status.state = ContainerState::Unknown;
+            Some(status)
+        }
+    }
+}
+
+/// The container as the store holds it, its FIFOs made again; None (logged) when they
+/// cannot be.
+fn rebuilt_container(
+    service: &CriService,
+    record: &ContainerRecord,
+    metadata: ContainerMetadata,
+    status: ContainerStatus,
+) -> Option<Arc<Container>> {
+    let id = metadata.id.clone();
+    let process_spec = (record.spec.as_ref())
+        .and_then(|any| serde_json::from_slice::<serde_json::Value>(&any.value).ok())
+        .and_then(|spec| serde_json::to_vec(&spec["process"]).ok())
+        .unwrap_or_default()
+        .into_boxed_slice();
+    let io = match ContainerIo::create(
+        &service.container_state_dir(&id).join("io"),
+        metadata.config.stdin,
+        metadata.config.tty,
+    ) {
+        Ok(io) => Arc::new(io),
+        Err(e) => {
+            tracing::warn!(container = %id, error = %e, "cannot recreate container FIFOs; skipping");
+            return None;
+        }
+    };
+    Some(Arc::new(Container::new(
+        metadata,
+        status,
+        service.container_root_dir(&id).join("status"),
+        io,
+        process_spec,
+    )))
+}
+
+/// Brings the container's status in line with its task: a running task gets its output
+/// copied again, an exit missed while crius was away is handled now, a task containerd
+/// cannot tell about makes the container EXITED with an unknown code.
+async fn resume_container(service: &CriService, container: &Arc<Container>, task: TaskLoad) {
+    let (metadata, status) = (&container.metadata, container.status());
+    let id = &metadata.id;
+    match task {
+        Ok(Ok(Some(t))) if t.status == ProcessStatus::Running => {
+            let log = (!metadata.log_path.is_empty()).then(|| Path::new(&metadata.log_path));
+            if let Err(e) = container.io.start(log, service.config.log_line_limit()) {
+                tracing::warn!(container = %id, error = %e, "cannot re-attach container output");
+            }
+            container.io.task_created();
+            if status.state != ContainerState::Running {
+                container.update_status(|s| {
+                    s.state = ContainerState::Running;
+                    s.pid = t.pid;
+                });
+            }
+        }
+        Ok(Ok(Some(t))) => {
+            let (code, at) = t
+                .exit
+                .map(|e| (e.code, e.at))
+                .unwrap_or((UNKNOWN_EXIT_CODE, std::time::SystemTime::now()));
+            if status.state == ContainerState::Running {
+                service.handle_container_exit(container, code, at).await;
+            } else if let Err(e) = service.containerd.delete_task(id).await {
+                tracing::warn!(container = %id, error = %e, "deleting a stale task failed");
+            }
+        }
+        Ok(Ok(None)) if status.state == ContainerState::Running => {
+            service
+                .handle_container_exit(container, UNKNOWN_EXIT_CODE, std::time::SystemTime::now())
+                .await;
+        }
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(container = %id, error = %e, "container task state unknown; EXITED with an unknown code");
+            mark_lost(container);
+        }
+        Err(_) => {
+            tracing::warn!(container = %id, timeout = ?ITEM_TIMEOUT, "container task did not answer; EXITED with an unknown code");
+            mark_lost(container);
+        }
+    }
 }
 
 /// A container whose task could not be asked about: it is reported exited, code unknown.
