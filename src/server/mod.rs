@@ -56,82 +56,65 @@ fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
 /// A critical task's name and how it ended.
 type TaskEnd = (&'static str, Result<(), String>);
 
+/// What `run` binds before anything serves.
+struct Bound {
+    grpc: tokio::net::UnixListener,
+    ttrpc: tokio::net::UnixListener,
+    stream_server: crate::streaming::StreamServer,
+    metrics: Option<crate::metrics::MetricsServer>,
+}
+
+/// Stops the ttrpc server and waits for the tasks, each for at most [`SHUTDOWN_GRACE`];
+/// tasks still running then are abandoned.
+async fn stop_within_grace(ttrpc: &mut ttrpc::r#async::Server, tasks: &mut JoinSet<TaskEnd>) {
+    let ttrpc_stop = async {
+        if tokio::time::timeout(SHUTDOWN_GRACE, ttrpc.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("ttrpc server did not stop in time");
+        }
+    };
+    let tasks_stop = async {
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while let Some(ended) = tasks.join_next().await {
+                if let Ok((task, Err(e))) = ended {
+                    tracing::warn!(task, error = %e, "task failed while stopping");
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("tasks still running after the shutdown grace; abandoning them");
+            tasks.abort_all();
+        }
+    };
+    tokio::join!(ttrpc_stop, tasks_stop);
+}
+
 impl CriService {
     /// Serves the CRI until `stop` resolves (`Ok`) or a critical task ends (`Err` with the
     /// cause). The sockets are removed before this returns.
     pub async fn run(&self, stop: impl Future<Output = ()>) -> Result<(), ServiceError> {
-        let grpc_path = self.config.grpc.address.clone();
-        let ttrpc_path = self.config.grpc.ttrpc_address.clone();
-        let grpc_listener = socket::bind(&grpc_path).await?;
-        let ttrpc_listener = match socket::bind(&ttrpc_path).await {
-            Ok(listener) => listener,
-            Err(e) => {
-                socket::remove(&grpc_path);
-                return Err(e.into());
-            }
-        };
-
-        let stream_server = match crate::streaming::StreamServer::bind(
-            &self.config.stream,
-            self.stream_requests.clone(),
-            std::sync::Arc::new(self.clone()),
-        )
-        .await
-        {
-            Ok(server) => server,
-            Err(e) => {
-                socket::remove(&grpc_path);
-                socket::remove(&ttrpc_path);
-                return Err(e.into());
-            }
-        };
-        let _ = self.stream_endpoint.set(stream_server.endpoint());
-        let metrics_server = match self.bind_metrics().await {
-            Ok(server) => server,
-            Err(e) => {
-                socket::remove(&grpc_path);
-                socket::remove(&ttrpc_path);
-                return Err(e);
-            }
-        };
-
+        let bound = self.bind_all().await?;
         let server = CriServer::new(self.clone());
         let mut tasks: JoinSet<TaskEnd> = JoinSet::new();
-        let routes = rpc::grpc_routes(server.clone());
-        let cancel = self.shutdown.clone();
-        tasks.spawn(async move {
-            let served = tonic::transport::Server::builder()
-                .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(grpc_listener)
-                        .map(|accepted| accepted.map(authority::AuthorityRepair::new)),
-                    cancel.cancelled_owned(),
-                )
-                .await;
-            ("grpc server", served.map_err(|e| e.to_string()))
-        });
+        self.spawn_grpc_server(&mut tasks, bound.grpc, server.clone());
         let sandboxer_path = self.config.sandbox_controller.address.clone();
-        if !sandboxer_path.as_os_str().is_empty() {
-            match self
+        if !sandboxer_path.as_os_str().is_empty()
+            && let Err(e) = self
                 .spawn_sandbox_controller(&mut tasks, &sandboxer_path)
                 .await
-            {
-                Ok(()) => {}
-                Err(e) => {
-                    self.close();
-                    socket::remove(&grpc_path);
-                    socket::remove(&ttrpc_path);
-                    return Err(e);
-                }
-            }
+        {
+            self.close();
+            self.remove_cri_sockets();
+            return Err(e);
         }
         let mut ttrpc = ttrpc::r#async::Server::new()
-            .add_listener(ttrpc::r#async::transport::Listener::from(ttrpc_listener))
+            .add_listener(ttrpc::r#async::transport::Listener::from(bound.ttrpc))
             .register_service(rpc::ttrpc_services(server));
-
         // Scrapes are answered during recovery too (its duration is one of the metrics).
-        if let Some(metrics_server) = metrics_server {
+        if let Some(metrics_server) = bound.metrics {
             let cancel = self.shutdown.clone();
             tasks.spawn(async move {
                 metrics_server.serve(cancel).await;
@@ -139,65 +122,118 @@ impl CriService {
             });
         }
 
-        let mut stop = std::pin::pin!(stop);
         let outcome = match ttrpc.start().await {
             Err(e) => Err(ServiceError::Ttrpc(e.to_string())),
-            Ok(()) => tokio::select! {
-                _ = &mut stop => {
-                    tracing::info!("stop requested during start-up");
-                    Ok(())
-                }
-                started = self.start(&mut tasks, stream_server) => match started {
-                    Err(e) => Err(e),
-                    Ok(()) => {
-                        tracing::info!(
-                            grpc = %grpc_path.display(),
-                            ttrpc = %ttrpc_path.display(),
-                            "crius is serving the CRI"
-                        );
-                        // Ready only now: recovery is done and the critical tasks run.
-                        notify_service_manager(&[
-                            sd_notify::NotifyState::Ready,
-                            sd_notify::NotifyState::Status("serving the CRI"),
-                        ]);
-                        self.supervise(&mut tasks, stop).await
-                    }
-                },
-            },
+            Ok(()) => {
+                self.start_and_serve(&mut tasks, bound.stream_server, stop)
+                    .await
+            }
         };
-
         notify_service_manager(&[sd_notify::NotifyState::Stopping]);
         self.close();
-        let ttrpc_stop = async {
-            if tokio::time::timeout(SHUTDOWN_GRACE, ttrpc.shutdown())
-                .await
-                .is_err()
-            {
-                tracing::warn!("ttrpc server did not stop in time");
-            }
-        };
-        let tasks_stop = async {
-            let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-                while let Some(ended) = tasks.join_next().await {
-                    if let Ok((task, Err(e))) = ended {
-                        tracing::warn!(task, error = %e, "task failed while stopping");
-                    }
-                }
-            })
-            .await;
-            if drained.is_err() {
-                tracing::warn!("tasks still running after the shutdown grace; abandoning them");
-                tasks.abort_all();
-            }
-        };
-        tokio::join!(ttrpc_stop, tasks_stop);
-        socket::remove(&grpc_path);
-        socket::remove(&ttrpc_path);
+        stop_within_grace(&mut ttrpc, &mut tasks).await;
+        self.remove_cri_sockets();
         if !sandboxer_path.as_os_str().is_empty() {
             socket::remove(&sandboxer_path);
         }
         tracing::info!("crius stopped");
         outcome
+    }
+
+    /// Binds the CRI sockets, the stream server and the metrics listener; a failure removes
+    /// the sockets bound before it.
+    async fn bind_all(&self) -> Result<Bound, ServiceError> {
+        let grpc = socket::bind(&self.config.grpc.address).await?;
+        let ttrpc = match socket::bind(&self.config.grpc.ttrpc_address).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                socket::remove(&self.config.grpc.address);
+                return Err(e.into());
+            }
+        };
+        let others = async {
+            let stream_server = crate::streaming::StreamServer::bind(
+                &self.config.stream,
+                self.stream_requests.clone(),
+                std::sync::Arc::new(self.clone()),
+            )
+            .await?;
+            let _ = self.stream_endpoint.set(stream_server.endpoint());
+            let metrics = self.bind_metrics().await?;
+            Ok::<_, ServiceError>((stream_server, metrics))
+        };
+        match others.await {
+            Ok((stream_server, metrics)) => Ok(Bound {
+                grpc,
+                ttrpc,
+                stream_server,
+                metrics,
+            }),
+            Err(e) => {
+                self.remove_cri_sockets();
+                Err(e)
+            }
+        }
+    }
+
+    fn remove_cri_sockets(&self) {
+        socket::remove(&self.config.grpc.address);
+        socket::remove(&self.config.grpc.ttrpc_address);
+    }
+
+    /// Serves gRPC on `listener` (repairing old clients' `:authority`) as a critical task.
+    fn spawn_grpc_server(
+        &self,
+        tasks: &mut JoinSet<TaskEnd>,
+        listener: tokio::net::UnixListener,
+        server: CriServer,
+    ) {
+        let routes = rpc::grpc_routes(server);
+        let cancel = self.shutdown.clone();
+        tasks.spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(
+                    UnixListenerStream::new(listener)
+                        .map(|accepted| accepted.map(authority::AuthorityRepair::new)),
+                    cancel.cancelled_owned(),
+                )
+                .await;
+            ("grpc server", served.map_err(|e| e.to_string()))
+        });
+    }
+
+    /// Recovers and starts the critical tasks, tells the service manager crius is ready,
+    /// then supervises until `stop` or a critical task's end. A stop during start-up ends
+    /// it there.
+    async fn start_and_serve(
+        &self,
+        tasks: &mut JoinSet<TaskEnd>,
+        stream_server: crate::streaming::StreamServer,
+        stop: impl Future<Output = ()>,
+    ) -> Result<(), ServiceError> {
+        let mut stop = std::pin::pin!(stop);
+        tokio::select! {
+            _ = &mut stop => {
+                tracing::info!("stop requested during start-up");
+                Ok(())
+            }
+            started = self.start(tasks, stream_server) => {
+                started?;
+                tracing::info!(
+                    grpc = %self.config.grpc.address.display(),
+                    ttrpc = %self.config.grpc.ttrpc_address.display(),
+                    "crius is serving the CRI"
+                );
+                // Ready only now: recovery is done and the critical tasks run.
+                notify_service_manager(&[
+                    sd_notify::NotifyState::Ready,
+                    sd_notify::NotifyState::Status("serving the CRI"),
+                ]);
+                self.supervise(tasks, stop).await
+            }
+        }
     }
 
     /// Binds containerd's sandbox controller socket and serves it as a critical task.
