@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use containerd_client::types::v1::Status as ProcessStatus;
@@ -436,36 +437,17 @@ fn entries(dir: &Path) -> Vec<String> {
 /// so what they hold is garbage), and the directories, shm mounts and netns of sandboxes
 /// and containers containerd has no record of.
 pub async fn clean_up_leftovers(service: &CriService) {
-    match service.containerd.list_leases().await {
-        Ok(leases) => {
-            for lease in leases
-                .iter()
-                .filter(|l| l.starts_with("crius-") && !holds_live_image_volumes(service, l))
-            {
-                tracing::info!(%lease, "deleting a lease left by an interrupted operation");
-                if let Err(e) = service.containerd.delete_lease(lease, false).await {
-                    tracing::warn!(%lease, error = %e, "deleting a stale lease failed");
-                }
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "cannot list leases to clean up"),
-    }
-
+    delete_stale_leases(service).await;
     // What containerd still has a record of is no leftover, even when crius could not take
     // it back (its metadata unreadable, its FIFOs not made): removing its netns, snapshot or
     // files would tear down a pod that still runs.
-    let recorded: std::collections::HashSet<String> = match service
-        .containerd
-        .list_containers(Vec::new())
-        .await
-    {
+    let recorded: HashSet<String> = match service.containerd.list_containers(Vec::new()).await {
         Ok(records) => records.into_iter().map(|r| r.id).collect(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list containerd's records: leftovers stay until the next start");
             return;
         }
     };
-    let config = &service.config;
     // First, so no snapshot below is removed under its idmapped mount.
     service.remove_stray_idmapped_rootfs(&|id| {
         let known_sandbox = service.sandboxes.get(id).ok().flatten().is_some();
@@ -473,40 +455,54 @@ pub async fn clean_up_leftovers(service: &CriService) {
             || service.containers.get(id).ok().flatten().is_some()
             || recorded.contains(id)
     });
-    let mut sandbox_ids = entries(&config.root.join("sandboxes"));
-    sandbox_ids.extend(entries(&config.state.join("sandboxes")));
-    sandbox_ids.extend(entries(&config.state.join("image-volumes")));
-    sandbox_ids.sort();
-    sandbox_ids.dedup();
+    remove_sandbox_leftovers(service, &recorded).await;
+    remove_container_leftovers(service, &recorded).await;
+}
+
+/// crius's leases but those of image volumes still mounted.
+async fn delete_stale_leases(service: &CriService) {
+    let leases = match service.containerd.list_leases().await {
+        Ok(leases) => leases,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list leases to clean up");
+            return;
+        }
+    };
+    for lease in leases
+        .iter()
+        .filter(|l| l.starts_with("crius-") && !holds_live_image_volumes(service, l))
+    {
+        tracing::info!(%lease, "deleting a lease left by an interrupted operation");
+        if let Err(e) = service.containerd.delete_lease(lease, false).await {
+            tracing::warn!(%lease, error = %e, "deleting a stale lease failed");
+        }
+    }
+}
+
+/// IDs with entries under any of `dirs`, each once.
+fn entries_of(dirs: &[PathBuf]) -> Vec<String> {
+    let mut ids: Vec<String> = dirs.iter().flat_map(|dir| entries(dir)).collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// The netns, snapshot, image volumes and dirs of sandboxes neither crius nor containerd
+/// knows.
+async fn remove_sandbox_leftovers(service: &CriService, recorded: &HashSet<String>) {
+    let config = &service.config;
+    let sandbox_ids = entries_of(&[
+        config.root.join("sandboxes"),
+        config.state.join("sandboxes"),
+        config.state.join("image-volumes"),
+    ]);
     for id in sandbox_ids {
-        if service
-            .sandboxes
-            .get(&id)
-            .ok()
-            .flatten()
-            .is_some_and(|s| s.id() == id)
-            || recorded.contains(&id)
-        {
+        let known = (service.sandboxes.get(&id).ok().flatten()).is_some_and(|s| s.id() == id);
+        if known || recorded.contains(&id) {
             continue;
         }
         tracing::info!(sandbox = %id, "removing the leftovers of a sandbox containerd does not know");
-        let note = service
-            .sandbox_root_dir(&id)
-            .join(crate::cri::sandbox::NETNS_NOTE);
-        let note =
-            tokio::task::spawn_blocking(move || crate::fsutil::read_bounded_string(&note, 4096))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        if let Ok(netns) = note
-            && !netns.trim().is_empty()
-        {
-            let netns = Path::new(netns.trim());
-            if !crate::netns::is_pinned_by_crius(netns) {
-                tracing::warn!(sandbox = %id, netns = %netns.display(), "a leftover's netns note names no netns of crius's: left alone");
-            } else if let Err(e) = crate::netns::remove(netns).await {
-                tracing::warn!(sandbox = %id, error = %e, "removing a leftover netns failed");
-            }
-        }
+        remove_leftover_netns(service, &id).await;
         remove_snapshot(service, &id).await;
         if let Err(e) = service.unmount_image_volumes(&id).await {
             tracing::warn!(sandbox = %id, error = %e.message(), "removing leftover image volumes failed");
@@ -515,11 +511,38 @@ pub async fn clean_up_leftovers(service: &CriService) {
             tracing::warn!(sandbox = %id, error = %e.message(), "removing leftover sandbox dirs failed");
         }
     }
+}
 
-    let mut container_ids = entries(&config.root.join("containers"));
-    container_ids.extend(entries(&config.state.join("containers")));
-    container_ids.sort();
-    container_ids.dedup();
+/// The netns a leftover sandbox's note names, if it is one of crius's.
+async fn remove_leftover_netns(service: &CriService, id: &str) {
+    let note = service
+        .sandbox_root_dir(id)
+        .join(crate::cri::sandbox::NETNS_NOTE);
+    let note = tokio::task::spawn_blocking(move || crate::fsutil::read_bounded_string(&note, 4096))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let Ok(netns) = note else {
+        return;
+    };
+    let netns = Path::new(netns.trim());
+    if netns.as_os_str().is_empty() {
+        return;
+    }
+    if !crate::netns::is_pinned_by_crius(netns) {
+        tracing::warn!(sandbox = %id, netns = %netns.display(), "a leftover's netns note names no netns of crius's: left alone");
+    } else if let Err(e) = crate::netns::remove(netns).await {
+        tracing::warn!(sandbox = %id, error = %e, "removing a leftover netns failed");
+    }
+}
+
+/// The snapshot and dirs of containers neither crius nor containerd knows, and any
+/// container's rootfs view a crash left mounted.
+async fn remove_container_leftovers(service: &CriService, recorded: &HashSet<String>) {
+    let config = &service.config;
+    let container_ids = entries_of(&[
+        config.root.join("containers"),
+        config.state.join("containers"),
+    ]);
     for id in container_ids {
         // A crash in the middle of CreateContainer can leave the image's read-only rootfs
         // view mounted; it is never in use after start-up.
@@ -532,14 +555,8 @@ pub async fn clean_up_leftovers(service: &CriService) {
             }
             let _ = std::fs::remove_dir(&view);
         }
-        if service
-            .containers
-            .get(&id)
-            .ok()
-            .flatten()
-            .is_some_and(|c| c.id() == id)
-            || recorded.contains(&id)
-        {
+        let known = (service.containers.get(&id).ok().flatten()).is_some_and(|c| c.id() == id);
+        if known || recorded.contains(&id) {
             continue;
         }
         tracing::info!(container = %id, "removing the leftovers of a container containerd does not know");
