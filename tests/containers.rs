@@ -734,12 +734,7 @@ async fn containers_survive_a_restart_and_keep_logging() {
 
 /// crius's leases in containerd's namespace, by ID.
 fn crius_leases(crius: &Crius) -> Vec<String> {
-    crius
-        .ctr(&["leases", "ls", "-q"])
-        .lines()
-        .filter(|l| l.starts_with("crius-"))
-        .map(str::to_string)
-        .collect()
+    crius.leases("crius-")
 }
 
 #[tokio::test]

@@ -822,12 +822,7 @@ async fn push_random_image(registry: &str) -> String {
 }
 
 fn pull_leases(crius: &Crius) -> Vec<String> {
-    crius
-        .ctr(&["leases", "ls", "-q"])
-        .lines()
-        .filter(|l| l.starts_with("crius-pull-"))
-        .map(str::to_string)
-        .collect()
+    crius.leases("crius-pull-")
 }
 
 #[tokio::test]

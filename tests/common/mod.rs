@@ -237,18 +237,22 @@ impl Crius {
     /// creation (a `crius-create-` lease when it is the only one of its kind): what an
     /// operation left behind.
     pub fn leases_left(&self) -> Vec<String> {
-        let mut leases: Vec<String> = self
-            .ctr(&["leases", "ls", "-q"])
-            .lines()
-            .map(str::trim)
-            .filter(|l| l.starts_with("crius-"))
-            .map(String::from)
-            .collect();
+        let mut leases = self.leases("crius-");
         let made_ahead = |l: &String| l.starts_with("crius-create-");
         if leases.iter().filter(|l| made_ahead(l)).count() == 1 {
             leases.retain(|l| !made_ahead(l));
         }
         leases
+    }
+
+    /// The IDs of the leases in this crius's namespace that start with `prefix`.
+    pub fn leases(&self, prefix: &str) -> Vec<String> {
+        self.ctr(&["leases", "ls", "-q"])
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with(prefix))
+            .map(String::from)
+            .collect()
     }
 
     pub fn grpc_socket(&self) -> &Path {
