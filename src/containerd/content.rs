@@ -658,7 +658,7 @@ impl ContentWriter {
     /// `labels`. `progress` is called with each chunk's length.
     pub async fn write_all<S, E>(
         self,
-        mut data: S,
+        data: S,
         labels: HashMap<String, String>,
         progress: impl Fn(usize),
     ) -> Result<(), WriteError<E>>
@@ -666,6 +666,7 @@ impl ContentWriter {
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::error::Error + 'static,
     {
+        let commit = self.commit_request(labels);
         let Self {
             containerd,
             tx,
@@ -683,91 +684,15 @@ impl ContentWriter {
             }
             Ok::<(), tonic::Status>(())
         });
-
-        let mut hasher = Sha256::new();
-        let mut offset: i64 = 0;
-        // A small blob (a manifest, a config) needs no megabyte buffer.
-        let write_size = usize::try_from(size)
-            .unwrap_or(WRITE_CHUNK)
-            .clamp(1, WRITE_CHUNK);
-        let mut buffer: Vec<u8> = Vec::with_capacity(write_size);
-        let mut source_error = None;
-        let mut overrun = false;
-        loop {
-            let chunk = match data.next().await {
-                Some(Ok(chunk)) => Some(chunk),
-                Some(Err(e)) => {
-                    source_error = Some(e);
-                    break;
-                }
-                None => None,
-            };
-            let last = chunk.is_none();
-            if let Some(chunk) = chunk {
-                // A source that sends more than it promised is cut off at once, not when
-                // it stops (it might never).
-                if offset + (buffer.len() + chunk.len()) as i64 > size {
-                    overrun = true;
-                    break;
-                }
-                hasher.update(&chunk);
-                progress(chunk.len());
-                buffer.extend_from_slice(&chunk);
+        let outcome = match send_blob(data, &tx, size, progress)
+            .await
+            .check(&digest, size)
+        {
+            Ok(()) => {
+                let _ = tx.send(commit).await;
+                Ok(())
             }
-            if buffer.len() >= write_size || (last && !buffer.is_empty()) {
-                let next = if last {
-                    Vec::new()
-                } else {
-                    Vec::with_capacity(write_size)
-                };
-                let payload = std::mem::replace(&mut buffer, next);
-                let len = payload.len() as i64;
-                // Offset 0 on the first write restarts any earlier partial ingest.
-                let req = WriteContentRequest {
-                    action: WriteAction::Write as i32,
-                    offset,
-                    data: payload,
-                    ..Default::default()
-                };
-                if tx.send(req).await.is_err() {
-                    break;
-                }
-                offset += len;
-            }
-            if last {
-                break;
-            }
-        }
-
-        let actual = format!("sha256:{:x}", hasher.finalize());
-        let outcome = if let Some(e) = source_error {
-            Err(WriteError::Source(e))
-        } else if overrun {
-            Err(WriteError::Mismatch {
-                expected: digest.clone(),
-                actual: "(cut off: longer than its descriptor)".to_string(),
-                size: offset + buffer.len() as i64,
-                expected_size: size,
-            })
-        } else if actual != digest || offset != size {
-            Err(WriteError::Mismatch {
-                expected: digest.clone(),
-                actual,
-                size: offset,
-                expected_size: size,
-            })
-        } else {
-            let _ = tx
-                .send(WriteContentRequest {
-                    action: WriteAction::Commit as i32,
-                    total: size,
-                    expected: digest.clone(),
-                    offset,
-                    labels,
-                    ..Default::default()
-                })
-                .await;
-            Ok(())
+            Err(e) => Err(e),
         };
         drop(tx);
         let drained = drain
@@ -785,6 +710,117 @@ impl ContentWriter {
                 Err(e)
             }
         }
+    }
+}
+
+/// What sending a blob's data to containerd came to.
+struct Sent<E> {
+    /// The digest of what the source gave.
+    actual: String,
+    /// Bytes sent in writes.
+    offset: i64,
+    /// Bytes taken from the source and not sent (a source cut off, or a closed stream).
+    buffered: usize,
+    source_error: Option<E>,
+    /// The source gave more than the blob's size.
+    overrun: bool,
+}
+
+impl<E: std::error::Error + 'static> Sent<E> {
+    /// Whether what was sent is the blob: all of it, of its digest and size.
+    fn check(self, digest: &str, size: i64) -> Result<(), WriteError<E>> {
+        if let Some(e) = self.source_error {
+            return Err(WriteError::Source(e));
+        }
+        if self.overrun {
+            return Err(WriteError::Mismatch {
+                expected: digest.to_string(),
+                actual: "(cut off: longer than its descriptor)".to_string(),
+                size: self.offset + self.buffered as i64,
+                expected_size: size,
+            });
+        }
+        if self.actual != digest || self.offset != size {
+            return Err(WriteError::Mismatch {
+                expected: digest.to_string(),
+                actual: self.actual,
+                size: self.offset,
+                expected_size: size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Sends `data` to containerd in writes of up to [`WRITE_CHUNK`] from offset 0 (which
+/// restarts any earlier partial ingest), hashing it on the way; a source that gives more
+/// than `size` is cut off at once, not when it stops (it might never).
+async fn send_blob<S, E>(
+    mut data: S,
+    tx: &mpsc::Sender<WriteContentRequest>,
+    size: i64,
+    progress: impl Fn(usize),
+) -> Sent<E>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    let mut hasher = Sha256::new();
+    let mut offset: i64 = 0;
+    // A small blob (a manifest, a config) needs no megabyte buffer.
+    let write_size = usize::try_from(size)
+        .unwrap_or(WRITE_CHUNK)
+        .clamp(1, WRITE_CHUNK);
+    let mut buffer: Vec<u8> = Vec::with_capacity(write_size);
+    let mut source_error = None;
+    let mut overrun = false;
+    loop {
+        let chunk = match data.next().await {
+            Some(Ok(chunk)) => Some(chunk),
+            Some(Err(e)) => {
+                source_error = Some(e);
+                break;
+            }
+            None => None,
+        };
+        let last = chunk.is_none();
+        if let Some(chunk) = chunk {
+            if offset + (buffer.len() + chunk.len()) as i64 > size {
+                overrun = true;
+                break;
+            }
+            hasher.update(&chunk);
+            progress(chunk.len());
+            buffer.extend_from_slice(&chunk);
+        }
+        if buffer.len() >= write_size || (last && !buffer.is_empty()) {
+            let next = if last {
+                Vec::new()
+            } else {
+                Vec::with_capacity(write_size)
+            };
+            let payload = std::mem::replace(&mut buffer, next);
+            let len = payload.len() as i64;
+            let req = WriteContentRequest {
+                action: WriteAction::Write as i32,
+                offset,
+                data: payload,
+                ..Default::default()
+            };
+            if tx.send(req).await.is_err() {
+                break;
+            }
+            offset += len;
+        }
+        if last {
+            break;
+        }
+    }
+    Sent {
+        actual: format!("sha256:{:x}", hasher.finalize()),
+        offset,
+        buffered: buffer.len(),
+        source_error,
+        overrun,
     }
 }
 
