@@ -768,8 +768,20 @@ async fn run_plugin(
     if output.status.success() {
         return Ok(output.stdout);
     }
-    // Plugins report errors as JSON {code, msg, details} on stdout.
-    let message = serde_json::from_slice::<Value>(&output.stdout)
+    Err(CniError::PluginFailed(Box::new(PluginFailure {
+        plugin: plugin.to_string(),
+        command,
+        network: network.to_string(),
+        status: output.status.to_string(),
+        message: plugin_error_message(&output.stdout),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })))
+}
+
+/// What a failed plugin says: plugins report errors as JSON `{code, msg, details}` on
+/// stdout; anything else is taken as it is.
+fn plugin_error_message(stdout: &[u8]) -> String {
+    serde_json::from_slice::<Value>(stdout)
         .ok()
         .map(|v| {
             let msg = v["msg"].as_str().unwrap_or_default();
@@ -779,15 +791,7 @@ async fn run_plugin(
             }
         })
         .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| String::from_utf8_lossy(&output.stdout).trim().to_string());
-    Err(CniError::PluginFailed(Box::new(PluginFailure {
-        plugin: plugin.to_string(),
-        command,
-        network: network.to_string(),
-        status: output.status.to_string(),
-        message,
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    })))
+        .unwrap_or_else(|| String::from_utf8_lossy(stdout).trim().to_string())
 }
 
 /// The capability args (CNI `runtimeConfig`) for a pod.
