@@ -106,6 +106,76 @@ pub struct ServiceState {
     pub(crate) shutdown: CancellationToken,
 }
 
+/// What this host can do, probed once at start-up.
+struct HostFacts {
+    oom_score_floor: Option<i32>,
+    cgroups: Option<crate::stats::CgroupLayout>,
+    idmap: Result<(), String>,
+    userns_rootfs: Result<crate::config::UsernsRootfs, String>,
+    criu: Result<(), String>,
+    handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
+}
+
+impl HostFacts {
+    async fn probe(config: &Config) -> Self {
+        let cgroups = crate::stats::CgroupLayout::detect();
+        if cgroups.is_none() {
+            tracing::warn!(
+                "no cgroup hierarchy found in /proc/self/mountinfo: stats carry no CPU or memory"
+            );
+        }
+        let idmap = probe_host_idmap(config).await;
+        let userns_rootfs = userns_rootfs_mode(config.userns.rootfs, &idmap).await;
+        let criu = crate::checkpoint::probe_criu().await;
+        match &criu {
+            Ok(()) => tracing::info!("CRIU works: containers can be checkpointed"),
+            Err(reason) => {
+                tracing::warn!(%reason, "containers cannot be checkpointed on this host: CheckpointContainer answers FAILED_PRECONDITION")
+            }
+        }
+        let handler_features = crate::oci::features::probe_handlers(
+            &config.containerd.runtimes,
+            userns_rootfs.is_ok(),
+        )
+        .await;
+        tracing::debug!(?handler_features, "runtime handler features");
+        Self {
+            oom_score_floor: oom_score_floor(config.restrict_oom_score_adj),
+            cgroups,
+            idmap,
+            userns_rootfs,
+            criu,
+            handler_features,
+        }
+    }
+}
+
+/// Connects to containerd and checks that it has the configured snapshotter.
+async fn connect_containerd(config: &Config) -> Result<Containerd, ServiceError> {
+    let containerd = Containerd::connect(
+        &config.containerd.address,
+        &config.containerd.namespace,
+        config.containerd.connect_timeout,
+    )
+    .await?;
+    let version = containerd.version().await?;
+    containerd
+        .check_snapshotter(&config.containerd.snapshotter)
+        .await?;
+    tracing::info!(address = %config.containerd.address.display(), %version, namespace = containerd.namespace(), "connected to containerd");
+    Ok(containerd)
+}
+
+/// The sandbox image: the configured one, or crius's built-in pause image.
+fn sandbox_image_name(config: &Config) -> Result<String, ServiceError> {
+    if config.image.sandbox_image.is_empty() {
+        return Ok(crate::image::builtin::BUILTIN_PAUSE_IMAGE.to_string());
+    }
+    Reference::parse(&config.image.sandbox_image)
+        .map(|reference| reference.to_string())
+        .map_err(|e| ServiceError::Config(format!("image.sandbox_image: {e}")))
+}
+
 /// The CRI service. Clones share one state.
 #[derive(Clone)]
 pub struct CriService(Arc<ServiceState>);
@@ -121,18 +191,7 @@ impl CriService {
     /// Connects to containerd, checks the snapshotter, prepares directories and builds every
     /// part of the service. Nothing serves yet.
     pub async fn new(config: Config) -> Result<Self, ServiceError> {
-        let containerd = Containerd::connect(
-            &config.containerd.address,
-            &config.containerd.namespace,
-            config.containerd.connect_timeout,
-        )
-        .await?;
-        let version = containerd.version().await?;
-        containerd
-            .check_snapshotter(&config.containerd.snapshotter)
-            .await?;
-        tracing::info!(address = %config.containerd.address.display(), %version, namespace = containerd.namespace(), "connected to containerd");
-
+        let containerd = connect_containerd(&config).await?;
         create_private_dir(&config.root)?;
         create_private_dir(&config.state)?;
 
@@ -156,15 +215,8 @@ impl CriService {
             config.image.pull_progress_timeout,
             config.image.pull_min_rate,
         );
-        let mut pinned_images = std::collections::HashSet::new();
-        let sandbox_image = if config.image.sandbox_image.is_empty() {
-            crate::image::builtin::BUILTIN_PAUSE_IMAGE.to_string()
-        } else {
-            Reference::parse(&config.image.sandbox_image)
-                .map_err(|e| ServiceError::Config(format!("image.sandbox_image: {e}")))?
-                .to_string()
-        };
-        pinned_images.insert(sandbox_image.clone());
+        let sandbox_image = sandbox_image_name(&config)?;
+        let pinned_images = std::collections::HashSet::from([sandbox_image.clone()]);
         let cni_network = CniNetwork::new(
             cni.clone(),
             config.cni.bin_dirs.clone(),
@@ -172,29 +224,7 @@ impl CriService {
             config.cni.plugin_timeout,
         )
         .with_internal_loopback(config.cni.use_internal_loopback);
-        let oom_score_floor = oom_score_floor(config.restrict_oom_score_adj);
-
-        let cgroups = crate::stats::CgroupLayout::detect();
-        if cgroups.is_none() {
-            tracing::warn!(
-                "no cgroup hierarchy found in /proc/self/mountinfo: stats carry no CPU or memory"
-            );
-        }
-        let host_idmap = probe_host_idmap(&config).await;
-        let userns_rootfs = userns_rootfs_mode(config.userns.rootfs, &host_idmap).await;
-        let criu = crate::checkpoint::probe_criu().await;
-        match &criu {
-            Ok(()) => tracing::info!("CRIU works: containers can be checkpointed"),
-            Err(reason) => {
-                tracing::warn!(%reason, "containers cannot be checkpointed on this host: CheckpointContainer answers FAILED_PRECONDITION")
-            }
-        }
-        let handler_features = crate::oci::features::probe_handlers(
-            &config.containerd.runtimes,
-            userns_rootfs.is_ok(),
-        )
-        .await;
-        tracing::debug!(?handler_features, "runtime handler features");
+        let host = HostFacts::probe(&config).await;
         let stream_requests = Arc::new(crate::streaming::StreamRequests::new(
             config.stream.token_ttl,
         ));
@@ -212,19 +242,19 @@ impl CriService {
             containers: Arc::new(ContainerStore::new()),
             container_names: NameRegistrar::new(),
             sandbox_image,
-            oom_score_floor,
+            oom_score_floor: host.oom_score_floor,
             pinned_images,
             pod_cidr: std::sync::Mutex::new(String::new()),
             stream_requests,
-            cgroups,
+            cgroups: host.cgroups,
             cpu_rates: Default::default(),
             cgroup_samples: Default::default(),
             network_samples: Default::default(),
             layer_usages: Default::default(),
-            handler_features,
-            host_idmap,
-            userns_rootfs,
-            criu,
+            handler_features: host.handler_features,
+            host_idmap: host.idmap,
+            userns_rootfs: host.userns_rootfs,
+            criu: host.criu,
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             account_files: Default::default(),
