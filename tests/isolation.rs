@@ -734,5 +734,38 @@ async fn memory_and_cpu_limits_apply_and_update_live() {
         info["runtimeSpec"]["linux"]["resources"]["memory"]["limit"],
         64 * 1024 * 1024
     );
+
+    // An update the runtime cannot apply (there is no CPU 63 here) leaves the kept spec
+    // and the status as they were.
+    let impossible = LinuxContainerResources {
+        memory_limit_in_bytes: 48 * 1024 * 1024,
+        cpuset_cpus: "63".to_string(),
+        ..updated.clone()
+    };
+    let err = pod
+        .client
+        .runtime
+        .update_container_resources(UpdateContainerResourcesRequest {
+            container_id: id.clone(),
+            linux: Some(impossible),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no CPU 63");
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+    let (status, info) = pod.status(&id).await;
+    let kept = status.resources.unwrap().linux.unwrap();
+    assert_eq!(kept.memory_limit_in_bytes, 64 * 1024 * 1024);
+    assert_eq!(kept.cpuset_cpus, "");
+    assert_eq!(
+        info["runtimeSpec"]["linux"]["resources"]["memory"]["limit"],
+        64 * 1024 * 1024,
+        "the kept spec took the failed update"
+    );
+    assert!(
+        info["runtimeSpec"]["linux"]["resources"]["cpu"]["cpus"].is_null(),
+        "{}",
+        info["runtimeSpec"]["linux"]["resources"]["cpu"]
+    );
     pod.remove_pod().await;
 }

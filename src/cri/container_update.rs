@@ -34,58 +34,17 @@ impl CriService {
             .map_err(|e| Status::invalid_argument(format!("invalid resources: {e}")))?;
         super::validate::unified_resources(Some(&linux), self.cgroups.as_ref())?;
 
-        let record = self
-            .containerd
-            .get_container(&id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Status::not_found(format!("containerd has no container {id}")))?;
-        let mut spec: serde_json::Value = record
-            .spec
-            .as_ref()
-            .map(|any| serde_json::from_slice(&any.value))
-            .transpose()
-            .map_err(|e| Status::internal(format!("stored spec of {id}: {e}")))?
-            .unwrap_or_default();
-        let mut resources = serde_json::to_value(&new_resources).map_err(internal)?;
-        // Device rules are not the CRI's to change here.
-        if let Some(devices) = spec["linux"]["resources"].get("devices").cloned() {
-            resources["devices"] = devices;
-        }
-        spec["linux"]["resources"] = resources.clone();
-        self.containerd
-            .update_container_spec(
-                &id,
-                prost_types::Any {
-                    type_url: crate::oci::SPEC_TYPE_URL.to_string(),
-                    value: serde_json::to_vec(&spec).map_err(internal)?,
-                },
-            )
-            .await
-            .map_err(internal)?;
-        if state == ContainerState::Running {
-            let applied = self
-                .containerd
-                .update_task_resources(
-                    &id,
-                    prost_types::Any {
-                        type_url: RESOURCES_TYPE_URL.to_string(),
-                        value: serde_json::to_vec(&resources).map_err(internal)?,
-                    },
-                )
-                .await;
-            if let Err(e) = applied {
-                // The container may have exited since its state was read.
-                let code = if self.task_runs(&id).await {
-                    tonic::Code::Internal
-                } else {
-                    tonic::Code::FailedPrecondition
-                };
-                return Err(Status::new(
-                    code,
-                    format!("applying resources to {id}: {e}"),
-                ));
+        let kept = self.stored_spec(&id).await?;
+        let (spec, resources) = with_resources(&kept, &new_resources)?;
+        self.store_spec(&id, &spec).await?;
+        if state == ContainerState::Running
+            && let Err(e) = self.apply_task_resources(&id, &resources).await
+        {
+            // The kept spec goes back to what the task runs with, as containerd's CRI does.
+            if let Err(restore) = self.store_spec(&id, &kept).await {
+                tracing::warn!(container = %id, error = %restore.message(), "cannot put the container's spec back after a failed update");
             }
+            return Err(e);
         }
         let mut metadata = container.metadata.clone();
         metadata
@@ -101,4 +60,73 @@ impl CriService {
         tracing::info!(container = %id, "container resources updated");
         Ok(UpdateContainerResourcesResponse {})
     }
+
+    /// The container's OCI spec as containerd keeps it.
+    async fn stored_spec(&self, id: &str) -> Result<serde_json::Value, Status> {
+        let record = self
+            .containerd
+            .get_container(id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Status::not_found(format!("containerd has no container {id}")))?;
+        record
+            .spec
+            .as_ref()
+            .map(|any| serde_json::from_slice(&any.value))
+            .transpose()
+            .map_err(|e| Status::internal(format!("stored spec of {id}: {e}")))
+            .map(Option::unwrap_or_default)
+    }
+
+    async fn store_spec(&self, id: &str, spec: &serde_json::Value) -> Result<(), Status> {
+        let spec = prost_types::Any {
+            type_url: crate::oci::SPEC_TYPE_URL.to_string(),
+            value: serde_json::to_vec(spec).map_err(internal)?,
+        };
+        self.containerd
+            .update_container_spec(id, spec)
+            .await
+            .map_err(internal)
+    }
+
+    /// Applies `resources` to the running task; a container that exited meanwhile is
+    /// FAILED_PRECONDITION.
+    async fn apply_task_resources(
+        &self,
+        id: &str,
+        resources: &serde_json::Value,
+    ) -> Result<(), Status> {
+        let resources = prost_types::Any {
+            type_url: RESOURCES_TYPE_URL.to_string(),
+            value: serde_json::to_vec(resources).map_err(internal)?,
+        };
+        let Err(e) = self.containerd.update_task_resources(id, resources).await else {
+            return Ok(());
+        };
+        // The container may have exited since its state was read.
+        let code = if self.task_runs(id).await {
+            tonic::Code::Internal
+        } else {
+            tonic::Code::FailedPrecondition
+        };
+        Err(Status::new(
+            code,
+            format!("applying resources to {id}: {e}"),
+        ))
+    }
+}
+
+/// `spec` with `resources` as its Linux resources (its device rules kept: they are not the
+/// CRI's to change here), and those resources as JSON.
+fn with_resources(
+    spec: &serde_json::Value,
+    resources: &oci_spec::runtime::LinuxResources,
+) -> Result<(serde_json::Value, serde_json::Value), Status> {
+    let mut resources = serde_json::to_value(resources).map_err(internal)?;
+    let mut spec = spec.clone();
+    if let Some(devices) = spec["linux"]["resources"].get("devices").cloned() {
+        resources["devices"] = devices;
+    }
+    spec["linux"]["resources"] = resources.clone();
+    Ok((spec, resources))
 }
