@@ -641,6 +641,36 @@ async fn update_pod_sandbox_resources_is_kept_and_applied_to_the_pod_cgroup() {
         .into_inner();
     assert_eq!(config_resources(&status.info), 256 << 20);
 
+    if !v2 {
+        // Limits the pod cgroup refuses (memory below what the pod uses: cgroup v1 answers
+        // EBUSY, v2 would OOM-kill instead) are not recorded as the pod's.
+        let refused = pod
+            .client
+            .runtime
+            .update_pod_sandbox_resources(UpdatePodSandboxResourcesRequest {
+                pod_sandbox_id: pod.id.clone(),
+                overhead: None,
+                resources: Some(LinuxContainerResources {
+                    memory_limit_in_bytes: 4096,
+                    ..resources.clone()
+                }),
+            })
+            .await
+            .expect_err("a limit below the pod's usage");
+        assert_eq!(refused.code(), tonic::Code::Internal, "{refused:?}");
+        let status = pod
+            .client
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: pod.id.clone(),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(config_resources(&status.info), 256 << 20);
+    }
+
     let err = pod
         .client
         .runtime

@@ -13,6 +13,7 @@ use tonic::Status;
 use super::sandbox::{internal, metadata_extension};
 use crate::server::CriService;
 use crate::stats::cgroup::{CgroupLimits, parent_of};
+use crate::store::SandboxMetadata;
 
 impl CriService {
     pub async fn update_pod_sandbox_resources(
@@ -30,44 +31,58 @@ impl CriService {
                 sandbox.id()
             )));
         }
-        let updated = sandbox.update_metadata(|metadata| {
-            let linux = metadata.config.linux.get_or_insert_with(Default::default);
-            if req.overhead.is_some() {
-                linux.overhead = req.overhead.clone();
-            }
-            if req.resources.is_some() {
-                linux.resources = req.resources.clone();
-            }
-        });
+        let mut updated = sandbox.metadata();
+        set_pod_resources(&mut updated, &req);
+        // Applied first: resources the pod cgroup refused are not recorded as the pod's.
+        if let Some(resources) = req.resources.as_ref() {
+            self.apply_pod_limits(&updated, resources, req.overhead.as_ref())
+                .await?;
+        }
         self.containerd
             .update_container_extensions(&updated.id, metadata_extension(&updated)?)
             .await
             .map_err(internal)?;
-
-        let has_pod_cgroup = updated
-            .config
-            .linux
-            .as_ref()
-            .is_some_and(|l| !l.cgroup_parent.is_empty());
-        if let (Some(resources), Some(layout), true) =
-            (req.resources.as_ref(), self.cgroups.clone(), has_pod_cgroup)
-        {
-            let pod_cgroup: PathBuf = parent_of(&updated.cgroups_path);
-            let limits = pod_limits(resources, req.overhead.as_ref());
-            tokio::task::spawn_blocking(move || layout.apply_limits(&pod_cgroup, &limits))
-                .await
-                .map_err(internal)?
-                .map_err(|e| {
-                    let message = format!("applying resources to pod {}: {e}", updated.id);
-                    // No pod cgroup (kubelet makes it; a stopped pod may have lost it).
-                    if e.kind() == std::io::ErrorKind::NotFound {
-                        Status::failed_precondition(message)
-                    } else {
-                        Status::internal(message)
-                    }
-                })?;
-        }
+        sandbox.update_metadata(|metadata| set_pod_resources(metadata, &req));
         Ok(UpdatePodSandboxResourcesResponse {})
+    }
+
+    /// Writes the pod's limits to its cgroup, when it has one of its own (kubelet makes it).
+    async fn apply_pod_limits(
+        &self,
+        metadata: &SandboxMetadata,
+        resources: &LinuxContainerResources,
+        overhead: Option<&LinuxContainerResources>,
+    ) -> Result<(), Status> {
+        let has_pod_cgroup =
+            (metadata.config.linux.as_ref()).is_some_and(|l| !l.cgroup_parent.is_empty());
+        let Some(layout) = self.cgroups.clone().filter(|_| has_pod_cgroup) else {
+            return Ok(());
+        };
+        let pod_cgroup: PathBuf = parent_of(&metadata.cgroups_path);
+        let limits = pod_limits(resources, overhead);
+        tokio::task::spawn_blocking(move || layout.apply_limits(&pod_cgroup, &limits))
+            .await
+            .map_err(internal)?
+            .map_err(|e| {
+                let message = format!("applying resources to pod {}: {e}", metadata.id);
+                // No pod cgroup (kubelet makes it; a stopped pod may have lost it).
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Status::failed_precondition(message)
+                } else {
+                    Status::internal(message)
+                }
+            })
+    }
+}
+
+/// The request's resources and overhead (those it sets) in the pod's config.
+fn set_pod_resources(metadata: &mut SandboxMetadata, req: &UpdatePodSandboxResourcesRequest) {
+    let linux = metadata.config.linux.get_or_insert_with(Default::default);
+    if req.overhead.is_some() {
+        linux.overhead = req.overhead.clone();
+    }
+    if req.resources.is_some() {
+        linux.resources = req.resources.clone();
     }
 }
 
