@@ -831,3 +831,57 @@ async fn a_pod_whose_handler_is_gone_refuses_containers_and_holds_no_name() {
         );
     }
 }
+
+/// CreateContainer's status file is the mark that the creation finished (start-up undoes a
+/// container without one): a creation that cannot write it fails and leaves nothing, rather
+/// than succeed and lose the container at crius's next start.
+#[tokio::test]
+async fn a_creation_that_cannot_write_its_status_fails_and_leaves_nothing() {
+    use std::process::Command;
+    let root = tempfile::tempdir().expect("tempdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"])
+        .arg(root.path())
+        .status()
+        .expect("mount");
+    assert!(mounted.success());
+    /// Unmounts the tmpfs however the test ends.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(root.path().to_path_buf());
+    let crius_root = root.path().to_path_buf();
+    let crius = Crius::start_with(|config| config.root = crius_root, &[]).await;
+    let mut pod = pod(&crius, "full-root").await;
+    // Fill crius's root: directories still come, file contents do not.
+    let filler = root.path().join("filler");
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k"])
+        .arg(format!("of={}", filler.display()))
+        .output();
+    let config = container("app", "busybox:latest", &["sleep", "1000"]);
+    let err = pod.create(config.clone()).await.expect_err("a full root");
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+    assert!(err.message().contains("status"), "{err:?}");
+    let listed = pod
+        .client
+        .runtime
+        .list_containers(ListContainersRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .containers;
+    assert!(listed.is_empty(), "{listed:?}");
+    let records = crius.ctr(&["containers", "ls", "-q"]);
+    assert_eq!(records.lines().count(), 1, "only the pod's: {records}");
+
+    // With room again, the same request makes the container: its name was released.
+    std::fs::remove_file(&filler).expect("remove filler");
+    let id = pod.create(config).await.expect("create with room");
+    pod.remove(&id).await;
+    pod.remove_pod().await;
+    drop(crius);
+}

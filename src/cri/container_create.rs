@@ -682,7 +682,9 @@ async fn persist_new_container(
             Arc::new(io),
             process_spec,
         ));
-        container.update_status(|_| {});
+        container
+            .persist_status()
+            .map_err(|e| Status::internal(format!("writing the container's status: {e}")))?;
         Ok(container)
     })
     .await

@@ -173,25 +173,31 @@ impl Container {
             .clone()
     }
 
-    /// Changes the status and writes it to the status file (atomically).
+    /// Changes the status and writes it to the status file (atomically); a write that fails
+    /// is logged (the status in memory stands).
     pub fn update_status(&self, update: impl FnOnce(&mut ContainerStatus)) -> ContainerStatus {
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         update(&mut status);
         let snapshot = status.clone();
-        match serde_json::to_vec(&snapshot) {
-            Ok(bytes) => {
-                if let Err(e) = crate::fsutil::write_atomic(&self.status_path, &bytes, 0o600) {
-                    tracing::error!(container = %self.metadata.id, error = %e, "persisting container status failed");
-                }
-            }
-            Err(e) => {
-                tracing::error!(container = %self.metadata.id, error = %e, "encoding container status failed")
-            }
+        if let Err(e) = self.write_status(&snapshot) {
+            tracing::error!(container = %self.metadata.id, error = %e, "persisting container status failed");
         }
         if snapshot.state == ContainerState::Exited {
             self.exited.send_replace(true);
         }
         snapshot
+    }
+
+    /// Writes the status file as the status stands. CreateContainer's must succeed: start-up
+    /// takes a container without one for a creation that never finished, and undoes it.
+    pub fn persist_status(&self) -> std::io::Result<()> {
+        let status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        self.write_status(&status)
+    }
+
+    fn write_status(&self, status: &ContainerStatus) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(status).map_err(std::io::Error::other)?;
+        crate::fsutil::write_atomic(&self.status_path, &bytes, 0o600)
     }
 
     /// Waits until the container has exited.
