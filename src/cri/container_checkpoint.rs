@@ -197,8 +197,19 @@ impl CriService {
             }),
             _ => Ok(None),
         };
-        if let Err(e) = self.containerd.resume_task(id).await {
-            tracing::warn!(container = id, error = %e, "resuming a checkpointed container failed");
+        // A container left frozen fails every probe: its checkpoint is no success.
+        let resumed = match self.containerd.resume_task(id).await {
+            Ok(()) => Ok(()),
+            Err(first) => {
+                tracing::warn!(container = id, error = %first, "resuming a checkpointed container failed; trying again");
+                self.containerd.resume_task(id).await
+            }
+        };
+        // A task that is gone (the container exited) is not left paused.
+        if let Err(e) = resumed.or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) }) {
+            return Err(Status::internal(format!(
+                "container {id} is left paused after its checkpoint: resuming it failed: {e}"
+            )));
         }
         match dumped {
             Ok(()) => staged,
