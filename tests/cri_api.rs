@@ -625,21 +625,23 @@ async fn update_pod_sandbox_resources_is_kept_and_applied_to_the_pod_cgroup() {
     }
 
     // Kept in the sandbox's config, which survives a restart of crius.
-    let config_resources = |info: &std::collections::HashMap<String, String>| {
-        let info: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
+    let kept_memory_limit = |mut client: crius::client::CriClient, id: String| async move {
+        let status = client
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id,
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let info: serde_json::Value = serde_json::from_str(&status.info["info"]).unwrap();
         info["config"]["linux"]["resources"]["memory_limit_in_bytes"].clone()
     };
-    let status = pod
-        .client
-        .runtime
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: pod.id.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(config_resources(&status.info), 256 << 20);
+    assert_eq!(
+        kept_memory_limit(pod.client.clone(), pod.id.clone()).await,
+        256 << 20
+    );
 
     if !v2 {
         // Limits the pod cgroup refuses (memory below what the pod uses: cgroup v1 answers
@@ -658,17 +660,10 @@ async fn update_pod_sandbox_resources_is_kept_and_applied_to_the_pod_cgroup() {
             .await
             .expect_err("a limit below the pod's usage");
         assert_eq!(refused.code(), tonic::Code::Internal, "{refused:?}");
-        let status = pod
-            .client
-            .runtime
-            .pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: pod.id.clone(),
-                verbose: true,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(config_resources(&status.info), 256 << 20);
+        assert_eq!(
+            kept_memory_limit(pod.client.clone(), pod.id.clone()).await,
+            256 << 20
+        );
     }
 
     let err = pod

@@ -64,7 +64,7 @@ impl LeasePool {
     }
 
     /// Whether a lease is ready to be handed out.
-    pub fn has_ready(&self) -> bool {
+    fn has_ready(&self) -> bool {
         self.slot().is_some()
     }
 
