@@ -687,7 +687,7 @@ async fn cpu_quota(pod: &mut Pod, id: &str) -> i64 {
 
 #[tokio::test]
 async fn memory_and_cpu_limits_apply_and_update_live() {
-    let (crius, _net) = crius_with_network(120).await;
+    let (mut crius, _net) = crius_with_network(120).await;
     let mut pod = network_pod(&crius, "limits", |_| {}).await;
     let mut config = container("limited", "busybox:latest", SLEEP);
     config.linux = Some(LinuxContainerConfig {
@@ -767,5 +767,12 @@ async fn memory_and_cpu_limits_apply_and_update_live() {
         "{}",
         info["runtimeSpec"]["linux"]["resources"]["cpu"]
     );
+    // The record keeps them too: a restarted crius reports them.
+    crius.restart().await;
+    pod.client = crius.client().await;
+    let (status, _) = pod.status(&id).await;
+    let kept = status.resources.unwrap().linux.unwrap();
+    assert_eq!(kept.memory_limit_in_bytes, 64 * 1024 * 1024);
+    assert_eq!(kept.cpuset_cpus, "");
     pod.remove_pod().await;
 }

@@ -361,25 +361,27 @@ impl Containerd {
         Ok(())
     }
 
-    /// Replaces a container record's runtime spec.
-    pub async fn update_container_spec(
+    /// Replaces a container record's spec and the given extensions in one update.
+    pub async fn update_container_spec_and_extensions(
         &self,
         id: &str,
         spec: prost_types::Any,
+        extensions: std::collections::HashMap<String, prost_types::Any>,
     ) -> Result<(), ContainerdError> {
+        let mut paths = vec!["spec".to_string()];
+        paths.extend(extensions.keys().map(|k| format!("extensions.{k}")));
         self.containers()
             .update(UpdateContainerRequest {
                 container: Some(Container {
                     id: id.to_string(),
                     spec: Some(spec),
+                    extensions,
                     ..Default::default()
                 }),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec!["spec".to_string()],
-                }),
+                update_mask: Some(prost_types::FieldMask { paths }),
             })
             .await
-            .map_err(ContainerdError::rpc("update container spec"))?;
+            .map_err(ContainerdError::rpc("update container"))?;
         Ok(())
     }
 

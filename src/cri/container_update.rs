@@ -6,9 +6,10 @@ use tonic::Status;
 
 use super::container::metadata_extension;
 use super::sandbox::internal;
+use crate::api::v1::LinuxContainerResources;
 use crate::oci::container::linux_resources;
 use crate::server::CriService;
-use crate::store::ContainerState;
+use crate::store::{ContainerMetadata, ContainerState};
 
 /// The type URL of OCI Linux resources, as containerd's task update expects them.
 const RESOURCES_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources";
@@ -34,28 +35,28 @@ impl CriService {
             .map_err(|e| Status::invalid_argument(format!("invalid resources: {e}")))?;
         super::validate::unified_resources(Some(&linux), self.cgroups.as_ref())?;
 
-        let kept = self.stored_spec(&id).await?;
-        let (spec, resources) = with_resources(&kept, &new_resources)?;
-        self.store_spec(&id, &spec).await?;
+        // The spec and crius's metadata change in one update of the record, before the
+        // task's, and both go back if the task refuses (as containerd's CRI puts its spec
+        // back): the record never says what the task does not run with.
+        let kept_spec = self.stored_spec(&id).await?;
+        let kept_metadata = metadata_extension(&with_resources_in_config(
+            &container.metadata,
+            container.resources(),
+        ))?;
+        let (spec, resources) = with_resources(&kept_spec, &new_resources)?;
+        let metadata = metadata_extension(&with_resources_in_config(
+            &container.metadata,
+            Some(linux.clone()),
+        ))?;
+        self.store_record(&id, &spec, metadata).await?;
         if state == ContainerState::Running
             && let Err(e) = self.apply_task_resources(&id, &resources).await
         {
-            // The kept spec goes back to what the task runs with, as containerd's CRI does.
-            if let Err(restore) = self.store_spec(&id, &kept).await {
-                tracing::warn!(container = %id, error = %restore.message(), "cannot put the container's spec back after a failed update");
+            if let Err(restore) = self.store_record(&id, &kept_spec, kept_metadata).await {
+                tracing::warn!(container = %id, error = %restore.message(), "cannot put the container's record back after a failed update");
             }
             return Err(e);
         }
-        let mut metadata = container.metadata.clone();
-        metadata
-            .config
-            .linux
-            .get_or_insert_with(Default::default)
-            .resources = Some(linux.clone());
-        self.containerd
-            .update_container_extensions(&id, metadata_extension(&metadata)?)
-            .await
-            .map_err(internal)?;
         container.set_resources(linux);
         tracing::info!(container = %id, "container resources updated");
         Ok(UpdateContainerResourcesResponse {})
@@ -78,13 +79,19 @@ impl CriService {
             .map(Option::unwrap_or_default)
     }
 
-    async fn store_spec(&self, id: &str, spec: &serde_json::Value) -> Result<(), Status> {
+    /// Replaces the container record's spec and crius's metadata in it, in one update.
+    async fn store_record(
+        &self,
+        id: &str,
+        spec: &serde_json::Value,
+        metadata: std::collections::HashMap<String, prost_types::Any>,
+    ) -> Result<(), Status> {
         let spec = prost_types::Any {
             type_url: crate::oci::SPEC_TYPE_URL.to_string(),
             value: serde_json::to_vec(spec).map_err(internal)?,
         };
         self.containerd
-            .update_container_spec(id, spec)
+            .update_container_spec_and_extensions(id, spec, metadata)
             .await
             .map_err(internal)
     }
@@ -114,6 +121,20 @@ impl CriService {
             format!("applying resources to {id}: {e}"),
         ))
     }
+}
+
+/// The container's metadata with `resources` in its config, as its record keeps it.
+fn with_resources_in_config(
+    metadata: &ContainerMetadata,
+    resources: Option<LinuxContainerResources>,
+) -> ContainerMetadata {
+    let mut metadata = metadata.clone();
+    metadata
+        .config
+        .linux
+        .get_or_insert_with(Default::default)
+        .resources = resources;
+    metadata
 }
 
 /// `spec` with `resources` as its Linux resources (its device rules kept: they are not the
