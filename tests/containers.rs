@@ -732,17 +732,12 @@ async fn containers_survive_a_restart_and_keep_logging() {
     assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
 }
 
-/// crius's leases in containerd's namespace, by ID.
-fn crius_leases(crius: &Crius) -> Vec<String> {
-    crius.leases("crius-")
-}
-
 #[tokio::test]
 async fn creations_take_a_lease_made_ahead_and_start_up_deletes_it() {
     let mut crius = Crius::start().await;
     let mut pod = pod(&crius, "leases").await;
     let made_ahead = |crius: &Crius| {
-        let leases = crius_leases(crius);
+        let leases = crius.leases("crius-");
         (leases.len() == 1 && leases[0].starts_with("crius-create-")).then(|| leases[0].clone())
     };
     // The pod's creation made its own lease, deleted it and made one ahead.
@@ -754,7 +749,7 @@ async fn creations_take_a_lease_made_ahead_and_start_up_deletes_it() {
         })
         .await,
         "{:?}",
-        crius_leases(&crius)
+        crius.leases("crius-")
     );
     for name in ["first", "second"] {
         pod.create(container(name, "busybox:latest", &["true"]))
@@ -768,7 +763,7 @@ async fn creations_take_a_lease_made_ahead_and_start_up_deletes_it() {
             })
             .await,
             "the lease made ahead ({ready:?}) was not taken: {:?}",
-            crius_leases(&crius)
+            crius.leases("crius-")
         );
         ready = next;
     }
@@ -778,9 +773,9 @@ async fn creations_take_a_lease_made_ahead_and_start_up_deletes_it() {
 
     crius.restart().await;
     assert!(
-        crius_leases(&crius).is_empty(),
+        crius.leases("crius-").is_empty(),
         "{:?}",
-        crius_leases(&crius)
+        crius.leases("crius-")
     );
     // A creation after start-up makes its own lease again.
     pod.client = crius.client().await;
