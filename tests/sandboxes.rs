@@ -251,9 +251,11 @@ async fn a_pod_gets_an_ip_that_answers_ping_loopback_and_its_files() {
         std::fs::read_to_string(dir.join("hostname")).unwrap(),
         "web-host\n"
     );
-    // The pause container sees the pod's resolv.conf.
-    let (ok, out) = sh(&format!("cat /proc/{pid}/root/etc/resolv.conf"));
-    assert!(ok && out.contains("nameserver 10.0.0.10"), "{out}");
+    // The pod's holder (crius's shim holds it: no pause container) is in its network.
+    let (ok, out) = sh(&format!(
+        "nsenter --target {pid} --net ip -4 -o addr show eth0"
+    ));
+    assert!(ok && out.contains(&format!("inet {ip}/")), "{out}");
 
     // containerd sees it as a CRI sandbox.
     let record = crius.ctr(&["containers", "info", &id]);

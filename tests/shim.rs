@@ -8,8 +8,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::pod::{Pod, container, host_network_pod_config, pod, pod_on};
-use common::{Crius, eventually};
+use common::pod::{Pod, container, host_network_pod_config, pod, pod_on, pod_with};
+use common::{Crius, TestNetwork, eventually};
 use crius::api::v1::ContainerState;
 
 const CRIUS_SHIM: &str = "containerd-shim-crius-v2";
@@ -221,6 +221,108 @@ async fn pause_resume_pids_metrics_and_checkpoint_through_containerd() {
     pod.remove_pod().await;
 }
 
+/// The pod's holder: its pid (from the pod's verbose status), which must be the shim's
+/// child running `<shim> pause`, and the cgroup directory (cpu hierarchy) it sits in.
+async fn holder_of(pod: &mut Pod, crius: &Crius) -> (u64, std::path::PathBuf) {
+    let mut status = pod
+        .client
+        .runtime
+        .pod_sandbox_status(crius::api::v1::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.id.clone(),
+            verbose: true,
+        })
+        .await
+        .expect("pod status")
+        .into_inner();
+    let info: serde_json::Value =
+        serde_json::from_str(&status.info.remove("info").expect("verbose info")).expect("JSON");
+    assert_eq!(info["held"], true, "{info}");
+    assert_eq!(info["snapshotKey"], "", "{info}");
+    let pid = info["pid"].as_u64().expect("pid");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("holder cmdline");
+    assert!(cmdline.ends_with(b"\0pause\0"), "{cmdline:?}");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let cpu = cgroups
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (controllers, path) = rest.split_once(':')?;
+            controllers
+                .split(',')
+                .any(|c| c == "cpu")
+                .then(|| path.to_string())
+        })
+        .expect("a cpu cgroup");
+    let expected = format!("/{}/{}", crius.config.containerd.namespace, pod.id);
+    assert_eq!(
+        cpu, expected,
+        "the holder's cgroup is the pod's cgroups path"
+    );
+    (
+        pid,
+        std::path::PathBuf::from(format!("/sys/fs/cgroup/cpu{cpu}")),
+    )
+}
+
+/// Processes whose whole command line is `/pause` (a pause container's).
+fn pause_processes() -> usize {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"/pause\0"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_shim_holds_the_pod_without_a_pause_container() {
+    let mut network = None;
+    let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 122)), &[]).await;
+    let pauses = pause_processes();
+    let mut pod = pod_with(&crius, common::pod_config("shim-held")).await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (holder, cgroup) = holder_of(&mut pod, &crius).await;
+    assert_eq!(pause_processes(), pauses, "a pause container ran");
+    assert_eq!(
+        std::fs::read_to_string(cgroup.join("cpu.shares"))
+            .expect("cpu.shares")
+            .trim(),
+        "2",
+        "the sandbox spec's CPU shares"
+    );
+    // It is the pod's PID 1, and the app shares its network.
+    let (init, _, _) = pod
+        .exec(&id, &["cat", "/proc/1/cmdline"], 10)
+        .await
+        .expect("exec");
+    assert!(init.contains(CRIUS_SHIM), "pid 1: {init:?}");
+    let link = |pid: String| std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("netns");
+    let app = container_pid(&mut pod, &id).await;
+    assert_eq!(link(holder.to_string()), link(app.to_string()));
+    // No rootfs was prepared for it, and what a runtime does to a container is refused.
+    let snapshots = crius.ctr(&["snapshots", "ls"]);
+    assert!(!snapshots.contains(&pod.id), "{snapshots}");
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&crius.config.containerd.address)
+        .args(["-n", &crius.config.containerd.namespace])
+        .args(["tasks", "pause", &pod.id])
+        .output()
+        .expect("ctr");
+    assert!(!out.status.success(), "a held pod was paused");
+    pod.remove_pod().await;
+    assert!(!cgroup.exists(), "the holder's cgroup was left");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{holder}")).exists(),
+        "the holder outlived its pod"
+    );
+    drop(network);
+}
+
 #[tokio::test]
 async fn a_killed_shim_is_cleaned_up_and_its_containers_exit() {
     let crius = Crius::start().await;
@@ -231,6 +333,7 @@ async fn a_killed_shim_is_cleaned_up_and_its_containers_exit() {
     let pid = container_pid(&mut pod, &id).await;
     let shim = parent_of(pid);
     assert!(shims(&crius, CRIUS_SHIM).contains(&shim));
+    let (holder, holder_cgroup) = holder_of(&mut pod, &crius).await;
 
     Command::new("kill")
         .args(["-9", &shim.to_string()])
@@ -247,6 +350,21 @@ async fn a_killed_shim_is_cleaned_up_and_its_containers_exit() {
     })
     .await;
     assert!(gone, "the container process outlived its shim");
+    // The pod's holder too (containerd runs `delete` for the pod's task as well).
+    let holder_gone = eventually(Duration::from_secs(10), || {
+        let cgroup = holder_cgroup.clone();
+        async move {
+            let ended = std::fs::read_to_string(format!("/proc/{holder}/stat"))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(true);
+            ended && !cgroup.exists()
+        }
+    })
+    .await;
+    assert!(
+        holder_gone,
+        "the pod's holder or its cgroup outlived its shim"
+    );
     let mounts = std::fs::read_to_string("/proc/mounts").expect("mounts");
     assert!(
         !mounts
@@ -518,8 +636,8 @@ async fn runc_creates_and_the_shim_itself_starts_the_container() {
     let logged: Vec<&str> = logged.lines().collect();
     assert_eq!(
         logged.iter().filter(|v| **v == "create").count(),
-        2,
-        "the pod's and the app's create: {logged:?}"
+        1,
+        "the app's create only (the shim holds the pod itself): {logged:?}"
     );
     assert!(!logged.contains(&"start"), "runc start was run: {logged:?}");
     let state = Command::new("runc")

@@ -22,6 +22,8 @@ pub struct Container {
     pub own_pid_namespace: bool,
     /// Whether its spec has poststart hooks (which newer runc runs at start).
     pub poststart_hooks: bool,
+    /// A pod sandbox the shim holds (`held.rs`): its init is the pod's holder, not runc's.
+    pub held_pod: bool,
     /// The init's cgroup, found at create (a pid can be reused after the init exits).
     pub cgroup: Option<cgroups_rs::fs::Cgroup>,
     /// Held by every runtime command on the container itself (start, kill, delete, pause,
@@ -61,12 +63,25 @@ impl Container {
             rootfs,
             own_pid_namespace: facts.own_pid_namespace,
             poststart_hooks: facts.poststart_hooks,
+            held_pod: facts.held_pod,
             cgroup,
             ops: tokio::sync::Mutex::new(()),
             execs: Mutex::new(HashMap::new()),
             oom_watch: Mutex::new(None),
             restored: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// A held pod's holder is no runtime's container: what only a runtime does to one
+    /// (exec, pause, update, checkpoint) is refused.
+    pub fn refuse_if_held(&self, what: &str) -> Result<(), crate::error::ShimError> {
+        if self.held_pod {
+            return Err(crate::error::ShimError::FailedPrecondition(format!(
+                "cannot {what} pod {}: the shim holds it, it is not a container",
+                self.id
+            )));
+        }
+        Ok(())
     }
 
     fn exec_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Process>>> {
@@ -132,6 +147,10 @@ pub struct BundleSpec {
     #[serde(default)]
     pub annotations: HashMap<String, String>,
     #[serde(default)]
+    pub hostname: String,
+    #[serde(default)]
+    pub process: Option<ProcessSpec>,
+    #[serde(default)]
     pub linux: Option<LinuxSpec>,
     #[serde(default)]
     pub hooks: Option<HooksSpec>,
@@ -150,12 +169,38 @@ pub struct SpecFacts {
     pub own_pid_namespace: bool,
     /// The spec has poststart hooks.
     pub poststart_hooks: bool,
+    /// The shim holds the pod itself (see `held.rs`).
+    pub held_pod: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ProcessSpec {
+    #[serde(default, rename = "oomScoreAdj")]
+    pub oom_score_adj: Option<i32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub struct LinuxSpec {
     #[serde(default)]
     pub namespaces: Vec<NamespaceSpec>,
+    #[serde(default, rename = "cgroupsPath")]
+    pub cgroups_path: String,
+    #[serde(default)]
+    pub sysctl: HashMap<String, String>,
+    #[serde(default)]
+    pub resources: Option<ResourcesSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ResourcesSpec {
+    #[serde(default)]
+    pub cpu: Option<CpuSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct CpuSpec {
+    #[serde(default)]
+    pub shares: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -183,6 +228,7 @@ impl BundleSpec {
         SpecFacts {
             own_pid_namespace: self.own_pid_namespace(),
             poststart_hooks: self.hooks.as_ref().is_some_and(|h| !h.poststart.is_empty()),
+            held_pod: false,
         }
     }
 

@@ -39,6 +39,9 @@ impl Shim {
             if process.exit().is_some() {
                 return Err(ShimError::NotFound("process already finished".into()));
             }
+            if container.held_pod {
+                return signal_pid(process.pid(), signal);
+            }
             return match container.runc.kill(&self.reaper, id, signal, all).await {
                 Err(e) if e.is_gone() => {
                     Err(ShimError::NotFound("process already finished".into()))
@@ -52,17 +55,7 @@ impl Shim {
                 "exec {exec_id} was not started"
             )));
         }
-        // SAFETY: kill(2) with a pid the shim reaps (so not reused before its exit is seen)
-        // and a signal number checked above.
-        if unsafe { libc::kill(pid, signal as i32) } == 0 {
-            return Ok(());
-        }
-        match std::io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(libc::ESRCH) => {
-                Err(ShimError::NotFound("process already finished".into()))
-            }
-            e => Err(ShimError::io("kill".into(), e)),
-        }
+        signal_pid(pid, signal)
     }
 
     /// Deletes an exec's record, or a container: its runtime state, its rootfs mount.
@@ -83,14 +76,15 @@ impl Shim {
                 self.delete_stopped(&container).await?;
                 exit
             }
+            None if container.held_pod && snapshot.status == Status::CREATED => {
+                signal_pid(snapshot.pid, libc::SIGKILL as u32).ok();
+                let exit = wait_briefly(&init).await;
+                self.delete_stopped(&container).await?;
+                exit
+            }
             None if snapshot.status == Status::CREATED => {
                 container.runc.delete(&self.reaper, id, true).await?;
-                tokio::time::timeout(Duration::from_secs(2), init.wait())
-                    .await
-                    .unwrap_or(Exit {
-                        status: 137,
-                        at: SystemTime::now(),
-                    })
+                wait_briefly(&init).await
             }
             None => {
                 return Err(ShimError::FailedPrecondition(format!(
@@ -121,6 +115,10 @@ impl Shim {
     /// thinks busy (processes left in a shared PID namespace) is deleted with force.
     async fn delete_stopped(&self, container: &Container) -> Result<(), ShimError> {
         let id = &container.id;
+        if container.held_pod {
+            remove_held_cgroup(container).await;
+            return Ok(());
+        }
         match container.runc.delete(&self.reaper, id, false).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_gone() => Ok(()),
@@ -174,6 +172,7 @@ impl Shim {
 
     pub async fn pause(&self, id: &str) -> Result<(), ShimError> {
         let container = self.container(id)?;
+        container.refuse_if_held("pause")?;
         let _ops = container.ops.lock().await;
         self.in_state(&container, &[Status::RUNNING])?;
         container.runc.pause(&self.reaper, id).await?;
@@ -190,6 +189,7 @@ impl Shim {
 
     pub async fn resume(&self, id: &str) -> Result<(), ShimError> {
         let container = self.container(id)?;
+        container.refuse_if_held("resume")?;
         let _ops = container.ops.lock().await;
         self.in_state(&container, &[Status::PAUSED])?;
         container.runc.resume(&self.reaper, id).await?;
@@ -218,6 +218,14 @@ impl Shim {
 
     pub async fn pids(&self, id: &str) -> Result<Vec<(u32, Option<String>)>, ShimError> {
         let container = self.container(id)?;
+        if container.held_pod {
+            let pid = container.init.pid();
+            return Ok(if container.init.exit().is_none() && pid > 0 {
+                vec![(pid as u32, None)]
+            } else {
+                Vec::new()
+            });
+        }
         let pids = container.runc.ps(&self.reaper, id).await?;
         let execs = container.exec_pids();
         Ok(pids
@@ -228,6 +236,7 @@ impl Shim {
 
     pub async fn update(&self, id: &str, resources: Vec<u8>) -> Result<(), ShimError> {
         let container = self.container(id)?;
+        container.refuse_if_held("update")?;
         serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&resources)
             .map_err(|e| ShimError::InvalidArgument(format!("resources: {e}")))?;
         let _ops = container.ops.lock().await;
@@ -238,6 +247,7 @@ impl Shim {
     /// Checkpoints a running or paused container (containerd's client pauses it first).
     pub async fn checkpoint(&self, id: &str, mut flags: CheckpointFlags) -> Result<(), ShimError> {
         let container = self.container(id)?;
+        container.refuse_if_held("checkpoint")?;
         let _ops = container.ops.lock().await;
         self.in_state(&container, &[Status::RUNNING, Status::PAUSED])?;
         if flags.work_path.is_empty() {
@@ -265,4 +275,38 @@ impl Shim {
         );
         Ok(())
     }
+}
+
+/// Signals a process the shim reaps (so its pid is not reused before its exit is seen).
+fn signal_pid(pid: i32, signal: u32) -> Result<(), ShimError> {
+    // SAFETY: kill(2) with a positive pid and a signal number the caller checked.
+    if pid > 0 && unsafe { libc::kill(pid, signal as i32) } == 0 {
+        return Ok(());
+    }
+    match std::io::Error::last_os_error() {
+        e if pid <= 0 || e.raw_os_error() == Some(libc::ESRCH) => {
+            Err(ShimError::NotFound("process already finished".into()))
+        }
+        e => Err(ShimError::io("kill".into(), e)),
+    }
+}
+
+/// Removes a held pod's cgroup once its holder is gone (off the async threads: a killed
+/// process leaves its cgroup a moment later).
+async fn remove_held_cgroup(container: &Container) {
+    let Some(cgroup) = container.cgroup.clone() else {
+        return;
+    };
+    let path = cgroup.path().to_string();
+    let _ = tokio::task::spawn_blocking(move || crate::held::remove_cgroup(&cgroup, &path)).await;
+}
+
+/// The exit of a process just killed, or a kill's status when it does not come in 2 s.
+async fn wait_briefly(process: &crate::process::Process) -> Exit {
+    tokio::time::timeout(Duration::from_secs(2), process.wait())
+        .await
+        .unwrap_or(Exit {
+            status: 137,
+            at: SystemTime::now(),
+        })
 }

@@ -11,6 +11,7 @@ use containerd_shim_protos::events::task::{TaskCreate, TaskIO, TaskOOM};
 use crate::container::{BundleSpec, Container, SpecFacts};
 use crate::error::ShimError;
 use crate::events::topic;
+use crate::held::HeldPod;
 use crate::pod::Pod;
 use crate::process::Process;
 use crate::runc::{ProcessStdio, Runc, RuncOptions, read_pid_file};
@@ -49,7 +50,11 @@ impl Shim {
             return Err(ShimError::AlreadyExists(format!("container {id}")));
         }
         let runc = crate::runc::runc_for(&runc, &self.namespace, &bundle);
-        let (facts, rootfs) = prepare_bundle(&bundle, &runc, rootfs, self.pod()).await?;
+        let spec = read_spec(&bundle).await?;
+        if let Some(held) = HeldPod::from_spec(&id, &spec)? {
+            return self.create_held(id, bundle, runc, stdio, held, &spec).await;
+        }
+        let (facts, rootfs) = prepare_bundle(&bundle, &runc, rootfs, self.pod(), spec).await?;
 
         // Exits of the new init are kept from here until its pid is registered.
         let starting = self.begin_starting();
@@ -151,6 +156,63 @@ impl Shim {
         result
     }
 
+    /// Creates a pod sandbox crius marked for holding: its holder, in place of runc's
+    /// container; it runs from here on (start only reports it), as a pause container's
+    /// process waits for nothing either.
+    async fn create_held(
+        &self,
+        id: String,
+        bundle: PathBuf,
+        runc: Runc,
+        stdio: StdioPaths,
+        held: HeldPod,
+        spec: &BundleSpec,
+    ) -> Result<i32, ShimError> {
+        if !stdio.stdin.is_empty() || !stdio.stdout.is_empty() || !stdio.stderr.is_empty() {
+            return Err(ShimError::InvalidArgument(format!(
+                "held pod {id}: its holder has no stdio"
+            )));
+        }
+        check_runtime(&runc)?;
+        let facts = SpecFacts {
+            own_pid_namespace: spec.own_pid_namespace(),
+            poststart_hooks: false,
+            held_pod: true,
+        };
+        let starting = self.begin_starting();
+        let dir = bundle.clone();
+        let (pid, cgroup) = tokio::task::spawn_blocking(move || held.spawn(&dir))
+            .await
+            .map_err(|e| ShimError::Internal(format!("hold pod {id}: {e}")))??;
+        let init = Arc::new(Process::new(&id, "", stdio.clone(), None));
+        init.set_created(pid, Default::default());
+        let container = Arc::new(Container::new(
+            &id,
+            &bundle,
+            runc,
+            init.clone(),
+            None,
+            facts,
+            cgroup,
+        ));
+        self.add_container(container.clone());
+        self.watch_oom(&container, pid);
+        self.events.publish(
+            topic::CREATE,
+            Box::new(TaskCreate {
+                container_id: id.clone(),
+                bundle: bundle.display().to_string(),
+                io: Some(task_io(&stdio)).into(),
+                pid: pid as u32,
+                ..Default::default()
+            }),
+        );
+        self.register_pid(&starting, pid, &init);
+        drop(starting);
+        log::info!("pod {id} held by pid {pid}");
+        Ok(pid)
+    }
+
     fn watch_oom(&self, container: &Arc<Container>, pid: i32) {
         let events = self.events.clone();
         let id = container.id.clone();
@@ -179,6 +241,7 @@ async fn prepare_bundle(
     runc: &Runc,
     mounts: Vec<Mount>,
     pod: Option<Arc<Pod>>,
+    spec: BundleSpec,
 ) -> Result<(SpecFacts, Option<PathBuf>), ShimError> {
     let bundle = bundle.to_path_buf();
     let runc = runc.clone();
@@ -188,14 +251,39 @@ async fn prepare_bundle(
             crate::bundle::add_pod_files(&bundle, &pod)?;
             userns = pod.userns_path();
         }
-        let spec = BundleSpec::read(&bundle)
-            .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))?;
         crate::bundle::save_runc(&bundle, &runc)?;
         let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts, userns.as_deref())?;
         Ok((spec.facts(), rootfs))
     })
     .await
     .map_err(|e| ShimError::Internal(format!("prepare bundle: {e}")))?
+}
+
+/// A held pod's containers need its handler's runtime: a pod whose runtime is missing
+/// fails at once, as runc's create of a pause container would.
+fn check_runtime(runc: &Runc) -> Result<(), ShimError> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = runc.program.as_ref().is_some_and(|program| {
+        std::fs::metadata(program).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    });
+    if runnable {
+        return Ok(());
+    }
+    Err(ShimError::FailedPrecondition(format!(
+        "the pod's OCI runtime {} is not an executable file",
+        runc.binary
+    )))
+}
+
+/// The bundle's spec, read off the async threads (a hung disk must not stop the pod).
+async fn read_spec(bundle: &Path) -> Result<BundleSpec, ShimError> {
+    let bundle = bundle.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        BundleSpec::read(&bundle)
+            .map_err(|e| ShimError::io(format!("read {}/config.json", bundle.display()), e))
+    })
+    .await
+    .map_err(|e| ShimError::Internal(format!("read spec: {e}")))?
 }
 
 pub async fn unmount_rootfs(rootfs: PathBuf) {

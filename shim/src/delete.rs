@@ -1,6 +1,6 @@
 //! The `delete` action: containerd runs it when a shim is gone (or its connection to it
-//! closed) to clean up a container it cannot reach: force-delete the runtime's container,
-//! unmount the rootfs, and report the exit as a kill.
+//! closed) to clean up a container it cannot reach: force-delete the runtime's container
+//! (or end a held pod's holder), unmount the rootfs, and report the exit as a kill.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,6 +19,10 @@ pub fn run(flags: &Flags) -> ActionResult {
     } else {
         PathBuf::from(&flags.bundle)
     };
+    if crate::held::is_held_bundle(&bundle) {
+        let pid = crate::held::end_left_holder(&bundle);
+        return write_killed(pid);
+    }
     let runc = crate::bundle::load_runc(&bundle)
         .unwrap_or_else(|| crate::runc::runc_for(&Default::default(), &flags.namespace, &bundle));
     let status = Command::new(&runc.binary)
@@ -34,6 +38,11 @@ pub fn run(flags: &Flags) -> ActionResult {
     }
     crate::bundle::unmount_rootfs(&bundle.join("rootfs"));
     let pid = crate::runc::read_pid_file(&bundle.join("init.pid")).unwrap_or(0);
+    write_killed(pid)
+}
+
+/// Answers containerd with the container's exit as a kill.
+fn write_killed(pid: i32) -> ActionResult {
     let response = DeleteResponse {
         pid: u32::try_from(pid).unwrap_or(0),
         exit_status: 128 + libc::SIGKILL as u32,

@@ -48,7 +48,8 @@ impl Shim {
     async fn start_init(&self, container: &Container) -> Result<i32, ShimError> {
         let _ops = container.ops.lock().await;
         let init = &container.init;
-        if !container.is_restored() {
+        // A held pod's holder runs from its create on, as a restored init does.
+        if !container.is_restored() && !container.held_pod {
             container
                 .runc
                 .start_created(
@@ -146,6 +147,7 @@ impl Shim {
         if exec_id.is_empty() {
             return Err(ShimError::InvalidArgument("exec id is empty".into()));
         }
+        container.refuse_if_held("exec in")?;
         if container.init.exit().is_some() {
             return Err(ShimError::FailedPrecondition(format!(
                 "container {id} is not running"

@@ -12,6 +12,7 @@ mod error;
 mod events;
 mod exec;
 mod exec_fifo;
+mod held;
 mod holder;
 mod idmap;
 mod info;

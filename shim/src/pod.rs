@@ -108,7 +108,7 @@ const MAX_SYSCTL_VALUE: usize = 4096;
 /// The path below /proc/sys of a pod sysctl (`net.ipv4.ip_forward` or `net/ipv4/...`), if
 /// it is one the pod's own namespaces scope, as runc allows them: IPC ones with the pod's
 /// IPC namespace, `net.*` with its network, the host and domain names with its UTS.
-fn sysctl_path(name: &str, value: &str, ns: &Namespaces) -> Result<String, ShimError> {
+pub(crate) fn sysctl_path(name: &str, value: &str, ns: &Namespaces) -> Result<String, ShimError> {
     let refuse = |why: &str| ShimError::InvalidArgument(format!("sysctl {name:?}: {why}"));
     let path = if name.contains('/') {
         name.to_string()

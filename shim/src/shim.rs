@@ -248,7 +248,8 @@ impl Shim {
         let Ok(container) = self.container(id) else {
             return;
         };
-        if container.own_pid_namespace {
+        // A held pod's holder starts nothing that could outlive it.
+        if container.own_pid_namespace || container.held_pod {
             return;
         }
         let reaper = self.reaper.clone();

@@ -163,8 +163,10 @@ impl CriService {
             shm: &shm_path,
             copy_rootfs,
         };
-        let spec =
+        let held = can_hold(runtime, userns.as_ref());
+        let mut spec =
             self.build_sandbox_spec(id, &config, &image, runtime, userns.as_ref(), &paths)?;
+        mark_held(&mut spec, held);
         let metadata = SandboxMetadata {
             id: id.to_string(),
             name: name.to_string(),
@@ -185,6 +187,7 @@ impl CriService {
                 runtime.options.systemd_cgroup,
             ),
             userns_rootfs_copy: copy_rootfs,
+            held,
         };
         let snapshotter = self.config.containerd.snapshotter.clone();
         let rootfs = self
@@ -455,22 +458,14 @@ impl CriService {
         let id = metadata.id.as_str();
         let lease = self.creation_leases.take().await.map_err(internal)?;
         let created = async {
-            let pod_userns = self.sandbox_user_namespace(metadata);
-            let parent = self
-                .rootfs_parent(&image.chain_id, pod_userns.as_ref(), &lease)
-                .await?;
-            let mounts = self
-                .containerd
-                .prepare_snapshot(snapshotter, id, &parent, HashMap::new(), Some(&lease))
-                .await
-                .map_err(|e| Status::internal(format!("preparing the sandbox rootfs: {e}")))?;
-            {
-                let (service, id, snapshotter) =
-                    (self.clone(), id.to_string(), snapshotter.to_string());
-                undo.push("remove sandbox snapshot", async move {
-                    let _ = service.containerd.remove_snapshot(&snapshotter, &id).await;
-                });
-            }
+            // A held pod runs no image: its holder needs no rootfs.
+            let mounts = if metadata.held {
+                Vec::new()
+            } else {
+                self.prepare_sandbox_snapshot(undo, metadata, image, snapshotter, &lease)
+                    .await?
+            };
+            let snapshotter = if metadata.held { "" } else { snapshotter };
             let mut labels = metadata.config.labels.clone();
             labels.insert(KIND_LABEL.to_string(), KIND_SANDBOX.to_string());
             let container = Container {
@@ -483,7 +478,7 @@ impl CriService {
                 ),
                 spec: Some(oci::to_any(spec).map_err(internal)?),
                 snapshotter: snapshotter.to_string(),
-                snapshot_key: id.to_string(),
+                snapshot_key: if metadata.held { "" } else { id }.to_string(),
                 extensions: metadata_extension(metadata)?,
                 ..Default::default()
             };
@@ -500,6 +495,33 @@ impl CriService {
         .await;
         self.creation_leases.finish(&lease).await;
         created
+    }
+
+    /// The pause container's rootfs: a snapshot of the pause image (or of its remapped copy)
+    /// under `lease`, removed by `undo`; returns its mounts.
+    async fn prepare_sandbox_snapshot(
+        &self,
+        undo: &mut Undo,
+        metadata: &SandboxMetadata,
+        image: &Image,
+        snapshotter: &str,
+        lease: &str,
+    ) -> Result<Vec<Mount>, Status> {
+        let id = metadata.id.as_str();
+        let pod_userns = self.sandbox_user_namespace(metadata);
+        let parent = self
+            .rootfs_parent(&image.chain_id, pod_userns.as_ref(), lease)
+            .await?;
+        let mounts = self
+            .containerd
+            .prepare_snapshot(snapshotter, id, &parent, HashMap::new(), Some(lease))
+            .await
+            .map_err(|e| Status::internal(format!("preparing the sandbox rootfs: {e}")))?;
+        let (service, id, snapshotter) = (self.clone(), id.to_string(), snapshotter.to_string());
+        undo.push("remove sandbox snapshot", async move {
+            let _ = service.containerd.remove_snapshot(&snapshotter, &id).await;
+        });
+        Ok(mounts)
     }
 
     /// CNI ADD, then the IPs and results are written to the store and containerd at once.
@@ -593,6 +615,26 @@ impl CriService {
         self.images.add(image.clone());
         Ok(image)
     }
+}
+
+/// Whether crius's shim holds the pod itself instead of running a pause container: on
+/// its own shim, with cgroupfs cgroups, and without a user namespace of the pod's (the
+/// holder's namespaces are the host user's; such pods keep their pause container).
+fn can_hold(runtime: &RuntimeConfig, userns: Option<&Mappings>) -> bool {
+    runtime.runtime_type == crate::config::CRIUS_SHIM
+        && !runtime.options.systemd_cgroup
+        && userns.is_none()
+}
+
+/// Marks the sandbox spec for crius's shim to hold, or makes sure it is not marked: a
+/// pod annotation passed through must not decide it.
+fn mark_held(spec: &mut oci_spec::runtime::Spec, held: bool) {
+    let mut annotations = spec.annotations().clone().unwrap_or_default();
+    annotations.remove(oci::annotations::SANDBOX_HOLDER);
+    if held {
+        annotations.insert(oci::annotations::SANDBOX_HOLDER.to_string(), "true".into());
+    }
+    spec.set_annotations(Some(annotations));
 }
 
 /// The runc shim options of a runtime handler, for runc-type runtimes.

@@ -10,3 +10,6 @@ pub const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
 pub const SANDBOX_LOG_DIRECTORY: &str = "io.kubernetes.cri.sandbox-log-directory";
 pub const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 pub const IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
+/// crius's mark on a sandbox spec its shim holds without a pause container; never passed
+/// through from a pod's or container's annotations.
+pub const SANDBOX_HOLDER: &str = "io.crius.sandbox-holder";

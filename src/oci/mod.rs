@@ -361,6 +361,7 @@ pub fn passthrough_annotations(
     annotations
         .iter()
         .filter(|(key, _)| patterns.iter().any(|p| glob_match(p, key)))
+        .filter(|(key, _)| key.as_str() != annotations::SANDBOX_HOLDER)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -411,6 +412,19 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(!glob_match(&stars, &text));
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_holder_mark_is_never_passed_through() {
+        let annotations = HashMap::from([
+            (annotations::SANDBOX_HOLDER.to_string(), "true".to_string()),
+            ("io.crius.other".to_string(), "x".to_string()),
+        ]);
+        let passed = passthrough_annotations(&annotations, &["*".to_string()]);
+        assert_eq!(
+            passed,
+            HashMap::from([("io.crius.other".to_string(), "x".to_string())])
+        );
     }
     use crate::api::v1::{
         Int64Value, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceOption,

@@ -36,6 +36,9 @@ pub struct SandboxMetadata {
     /// "copy"), not idmapped mounts.
     #[serde(default)]
     pub userns_rootfs_copy: bool,
+    /// crius's shim holds the pod itself: no pause container, no rootfs snapshot.
+    #[serde(default)]
+    pub held: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

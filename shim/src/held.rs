@@ -1,0 +1,363 @@
+//! A pod sandbox the shim holds itself on the task API, for crius: where crius marks a
+//! sandbox's spec, the shim starts the pod's holder (see `holder.rs`) in place of runc
+//! running a pause container. The holder gets the spec's namespaces, hostname, sysctls,
+//! OOM score and cgroup; it has no rootfs, no stdio and runs no image. A runc create, start,
+//! kill and delete per pod are saved, and the pause process with them.
+//!
+//! The shim writes `crius-holder.json` in the bundle (the cgroup before the holder is
+//! spawned, its pid and start time after), so that `shim delete`, which containerd runs
+//! when the shim is gone, can end a holder the shim left behind.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::container::BundleSpec;
+use crate::error::ShimError;
+use crate::holder::Namespaces;
+
+/// The annotation crius sets on a sandbox spec it wants held (and removes otherwise).
+pub const HOLDER_ANNOTATION: &str = "io.crius.sandbox-holder";
+const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// What `shim delete` reads to end a holder left behind.
+const HOLDER_FILE: &str = "crius-holder.json";
+/// Longest spec hostname taken (the kernel's limit).
+const MAX_HOSTNAME: usize = 64;
+
+/// What holding a pod takes, from its spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPod {
+    pub namespaces: Namespaces,
+    /// The holder's cgroup, relative to each hierarchy's root.
+    pub cgroup_path: Option<String>,
+    pub cpu_shares: Option<u64>,
+    pub oom_score_adj: Option<i32>,
+}
+
+/// The record `shim delete` reads.
+#[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+struct HolderRecord {
+    #[serde(default)]
+    cgroup_path: Option<String>,
+    #[serde(default)]
+    pid: i32,
+    /// The holder's start time (field 22 of /proc/<pid>/stat): a pid reused since is not it.
+    #[serde(default)]
+    start_time: u64,
+}
+
+impl HeldPod {
+    /// The pod to hold when `spec` is a sandbox crius marked for it; None otherwise. A
+    /// marked spec the holder cannot honour (a user namespace, a namespace to join other
+    /// than the network, a systemd cgroup) is refused rather than run differently.
+    pub fn from_spec(id: &str, spec: &BundleSpec) -> Result<Option<Self>, ShimError> {
+        if spec.annotations.get(HOLDER_ANNOTATION).map(String::as_str) != Some("true") {
+            return Ok(None);
+        }
+        let refuse = |why: &str| ShimError::InvalidArgument(format!("held pod {id}: {why}"));
+        if spec.annotations.get(CONTAINER_TYPE).map(String::as_str) != Some("sandbox")
+            || spec.annotations.get(SANDBOX_ID).map(String::as_str) != Some(id)
+        {
+            return Err(refuse("only a pod's own sandbox is held"));
+        }
+        let linux = spec
+            .linux
+            .as_ref()
+            .ok_or_else(|| refuse("no linux section"))?;
+        let mut namespaces = Namespaces::default();
+        for ns in &linux.namespaces {
+            let joins = !ns.path.is_empty();
+            match ns.kind.as_str() {
+                "network" if joins => namespaces.netns = Some(PathBuf::from(&ns.path)),
+                "pid" if !joins => namespaces.pid = true,
+                "ipc" if !joins => namespaces.ipc = true,
+                "uts" if !joins => namespaces.uts = true,
+                // The holder has a mount namespace of its own anyway; a cgroup namespace
+                // would hide nothing from a process that runs no code of the pod's.
+                "mount" | "cgroup" if !joins => {}
+                other => return Err(refuse(&format!("cannot hold a {other} namespace here"))),
+            }
+        }
+        if namespaces.uts {
+            if spec.hostname.len() > MAX_HOSTNAME || spec.hostname.contains('\0') {
+                return Err(refuse("hostname too long"));
+            }
+            namespaces.hostname = spec.hostname.clone();
+        }
+        let mut sysctls: Vec<_> = linux.sysctl.iter().collect();
+        sysctls.sort();
+        for (name, value) in sysctls {
+            let path = crate::pod::sysctl_path(name, value, &namespaces)?;
+            namespaces.sysctls.push((path, value.clone()));
+        }
+        Ok(Some(Self {
+            namespaces,
+            cgroup_path: cgroup_path(&linux.cgroups_path).map_err(|why| refuse(&why))?,
+            cpu_shares: linux
+                .resources
+                .as_ref()
+                .and_then(|r| r.cpu.as_ref())
+                .and_then(|c| c.shares),
+            oom_score_adj: spec.process.as_ref().and_then(|p| p.oom_score_adj),
+        }))
+    }
+
+    /// Spawns the holder (blocking: call off the async threads), puts it in its cgroup and
+    /// sets its OOM score; returns its pid and cgroup. The record for `shim delete` names
+    /// the cgroup before the spawn and the holder after it. The caller holds a
+    /// [`crate::shim::Starting`] so an early exit is kept for it.
+    pub fn spawn(&self, bundle: &Path) -> Result<(i32, Option<cgroups_rs::fs::Cgroup>), ShimError> {
+        let mut record = HolderRecord {
+            cgroup_path: self.cgroup_path.clone(),
+            ..Default::default()
+        };
+        write_record(bundle, &record)?;
+        let pid = crate::holder::spawn(&self.namespaces)?;
+        record.pid = pid;
+        record.start_time = start_time(pid).unwrap_or(0);
+        let placed = write_record(bundle, &record)
+            .and_then(|()| self.set_oom_score_adj(pid))
+            .and_then(|()| self.join_cgroup(pid));
+        match placed {
+            Ok(cgroup) => Ok((pid, cgroup)),
+            Err(e) => {
+                // Not reaped here: the shim's reaper sees its exit.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                Err(e)
+            }
+        }
+    }
+
+    fn set_oom_score_adj(&self, pid: i32) -> Result<(), ShimError> {
+        let Some(score) = self.oom_score_adj else {
+            return Ok(());
+        };
+        let path = format!("/proc/{pid}/oom_score_adj");
+        std::fs::write(&path, score.to_string())
+            .map_err(|e| ShimError::io(format!("write {path}"), e))
+    }
+
+    /// Makes the holder's cgroup in every hierarchy, gives it the spec's CPU shares and
+    /// moves the holder in, as runc does a pause container.
+    fn join_cgroup(&self, pid: i32) -> Result<Option<cgroups_rs::fs::Cgroup>, ShimError> {
+        let Some(path) = &self.cgroup_path else {
+            return Ok(None);
+        };
+        let failed = |e: cgroups_rs::fs::error::Error| {
+            ShimError::Internal(format!("the pod holder's cgroup {path}: {e}"))
+        };
+        let cgroup = cgroups_rs::fs::Cgroup::new(cgroups_rs::fs::hierarchies::auto(), path)
+            .map_err(failed)?;
+        // Best effort: the holder uses no CPU to speak of.
+        if let Some(shares) = self.cpu_shares
+            && let Some(cpu) = cgroup.controller_of::<cgroups_rs::fs::cpu::CpuController>()
+        {
+            let value = if cgroup.v2() {
+                shares_to_weight(shares)
+            } else {
+                shares
+            };
+            if let Err(e) = cpu.set_shares(value) {
+                log::warn!("the pod holder's CPU shares in {path}: {e}");
+            }
+        }
+        cgroup
+            .add_task_by_tgid(cgroups_rs::CgroupPid::from(pid as u64))
+            .map_err(failed)?;
+        Ok(Some(cgroup))
+    }
+}
+
+/// cgroup v2's `cpu.weight` for v1 CPU shares, as runc converts them.
+fn shares_to_weight(shares: u64) -> u64 {
+    let shares = shares.clamp(2, 262_144);
+    1 + ((shares - 2) * 9999) / 262_142
+}
+
+/// The holder's cgroup from the spec's `cgroupsPath`: a cgroupfs path below the root
+/// (runc's systemd form, `slice:prefix:name`, is refused: only systemd may make those).
+fn cgroup_path(spec_path: &str) -> Result<Option<String>, String> {
+    let path = spec_path.trim_matches('/');
+    if path.is_empty() {
+        return Ok(None);
+    }
+    let safe = path.len() <= 4096
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    if !safe {
+        return Err(format!("cgroups path {spec_path:?} is not a cgroupfs path"));
+    }
+    Ok(Some(path.to_string()))
+}
+
+fn write_record(bundle: &Path, record: &HolderRecord) -> Result<(), ShimError> {
+    let path = bundle.join(HOLDER_FILE);
+    let temp = bundle.join(".crius-holder.json.tmp");
+    let text = serde_json::to_vec(record).map_err(|e| ShimError::Internal(e.to_string()))?;
+    std::fs::write(&temp, text)
+        .and_then(|()| std::fs::rename(&temp, &path))
+        .map_err(|e| ShimError::io(format!("write {}", path.display()), e))
+}
+
+/// A process's start time in clock ticks since boot (field 22 of its stat file).
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields count from its last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the bundle is a held pod's (a `shim delete` that finds one ends its holder).
+pub fn is_held_bundle(bundle: &Path) -> bool {
+    bundle.join(HOLDER_FILE).exists()
+}
+
+/// For `shim delete`: ends the holder the record names, if it is still that process, and
+/// everything left in its cgroup, then removes the cgroup. Returns the holder's pid.
+pub fn end_left_holder(bundle: &Path) -> i32 {
+    let record: HolderRecord = std::fs::read(bundle.join(HOLDER_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok())
+        .unwrap_or_default();
+    if record.pid > 0 && start_time(record.pid) == Some(record.start_time) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(record.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    if let Some(path) = &record.cgroup_path {
+        let cgroup = cgroups_rs::fs::Cgroup::load(cgroups_rs::fs::hierarchies::auto(), path);
+        for left in cgroup.procs() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(left.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        remove_cgroup(&cgroup, path);
+    }
+    record.pid
+}
+
+/// Removes a holder's cgroup once it is empty: a killed process leaves it a moment later.
+pub fn remove_cgroup(cgroup: &cgroups_rs::fs::Cgroup, path: &str) {
+    for _ in 0..50 {
+        if cgroup.delete().is_ok() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    log::warn!("the pod holder's cgroup {path} could not be removed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> BundleSpec {
+        serde_json::from_str(json).expect("spec")
+    }
+
+    const MARKED: &str = r#""annotations":{"io.crius.sandbox-holder":"true",
+        "io.kubernetes.cri.container-type":"sandbox","io.kubernetes.cri.sandbox-id":"p1"}"#;
+
+    #[test]
+    fn a_marked_sandbox_is_held_with_its_namespaces_cgroup_and_oom_score() {
+        let held = HeldPod::from_spec(
+            "p1",
+            &spec(&format!(
+                r#"{{{MARKED},"hostname":"web","process":{{"oomScoreAdj":-998}},
+                "linux":{{"cgroupsPath":"/kubepods/podx/p1","resources":{{"cpu":{{"shares":2}}}},
+                "sysctl":{{"net.ipv4.ip_unprivileged_port_start":"0"}},
+                "namespaces":[{{"type":"mount"}},{{"type":"pid"}},{{"type":"ipc"}},
+                {{"type":"network","path":"/var/run/netns/cni-1"}},{{"type":"uts"}}]}}}}"#
+            )),
+        )
+        .expect("valid")
+        .expect("held");
+        assert_eq!(
+            held.namespaces,
+            Namespaces {
+                netns: Some(PathBuf::from("/var/run/netns/cni-1")),
+                pid: true,
+                ipc: true,
+                uts: true,
+                hostname: "web".into(),
+                userns: false,
+                sysctls: vec![("net/ipv4/ip_unprivileged_port_start".into(), "0".into())],
+            }
+        );
+        assert_eq!(held.cgroup_path.as_deref(), Some("kubepods/podx/p1"));
+        assert_eq!(held.cpu_shares, Some(2));
+        assert_eq!(held.oom_score_adj, Some(-998));
+    }
+
+    #[test]
+    fn an_unmarked_spec_is_not_held() {
+        let unmarked = spec(
+            r#"{"annotations":{"io.kubernetes.cri.container-type":"sandbox",
+            "io.kubernetes.cri.sandbox-id":"p1"},"linux":{}}"#,
+        );
+        assert_eq!(HeldPod::from_spec("p1", &unmarked).expect("valid"), None);
+    }
+
+    #[test]
+    fn what_the_holder_cannot_honour_is_refused() {
+        let refused = [
+            // A container, or another pod's sandbox, marked through an annotation.
+            r#"{"annotations":{"io.crius.sandbox-holder":"true",
+              "io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"p1"},
+              "linux":{}}"#
+                .to_string(),
+            format!(r#"{{{MARKED},"linux":{{"namespaces":[{{"type":"user"}}]}}}}"#),
+            format!(
+                r#"{{{MARKED},"linux":{{"namespaces":[{{"type":"pid","path":"/proc/1/ns/pid"}}]}}}}"#
+            ),
+            format!(r#"{{{MARKED},"linux":{{"cgroupsPath":"system.slice:crius:p1"}}}}"#),
+            format!(r#"{{{MARKED},"linux":{{"cgroupsPath":"/kubepods/../../etc"}}}}"#),
+            // A sysctl of a namespace the pod shares with the host.
+            format!(r#"{{{MARKED},"linux":{{"sysctl":{{"net.ipv4.ip_forward":"1"}}}}}}"#),
+            format!(r#"{{{MARKED},"linux":{{"sysctl":{{"kernel.panic":"1"}}}}}}"#),
+        ];
+        for json in refused {
+            let result = HeldPod::from_spec("p1", &spec(&json));
+            assert!(
+                matches!(result, Err(ShimError::InvalidArgument(_))),
+                "{json}: {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn cpu_shares_convert_to_weights_as_runc_does() {
+        assert_eq!(shares_to_weight(2), 1);
+        assert_eq!(shares_to_weight(1024), 39);
+        assert_eq!(shares_to_weight(262_144), 10_000);
+        assert_eq!(shares_to_weight(0), 1);
+    }
+
+    #[test]
+    fn the_record_names_the_holder_by_pid_and_start_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let me = std::process::id() as i32;
+        let record = HolderRecord {
+            cgroup_path: None,
+            pid: me,
+            start_time: start_time(me).expect("own start time"),
+        };
+        write_record(dir.path(), &record).expect("write");
+        assert!(is_held_bundle(dir.path()));
+        let read: HolderRecord =
+            serde_json::from_slice(&std::fs::read(dir.path().join(HOLDER_FILE)).expect("read"))
+                .expect("parse");
+        assert_eq!(read, record);
+        assert!(start_time(me).expect("start time") > 0);
+    }
+}
