@@ -1,7 +1,7 @@
 //! The comparison benchmark: crius against containerd's built-in CRI plugin on the same
-//! machine, driven by the same client with the same requests. Both run crius's pause
-//! program as the sandbox image and busybox containers, each runtime with a bridge network
-//! of its own.
+//! machine, driven by the same client with the same requests. Both have crius's pause
+//! program as the sandbox image (containerd's CRI runs it; crius's shim holds its pods
+//! without one) and busybox containers, each runtime with a bridge network of its own.
 //!
 //! It prints one table: the median latency of every CRI operation a pod's life and kubelet's
 //! polling use (the lifecycle steps, ExecSync, PullImage of a present image, RemoveImage,

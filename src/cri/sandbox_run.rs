@@ -225,7 +225,7 @@ impl CriService {
         }
         self.mark_sandbox_started(id)?;
         let metadata = sandbox.metadata();
-        tracing::info!(sandbox = %id, name = metadata.name, pid, ips = ?metadata.ips, "pod sandbox running");
+        tracing::info!(sandbox = %id, name = metadata.name, pid, held = metadata.held, ips = ?metadata.ips, "pod sandbox running");
         for kind in [
             crate::api::v1::ContainerEventType::ContainerCreatedEvent,
             crate::api::v1::ContainerEventType::ContainerStartedEvent,
