@@ -20,7 +20,7 @@ pub fn run(flags: &Flags) -> ActionResult {
         PathBuf::from(&flags.bundle)
     };
     if crate::held::is_held_bundle(&bundle) {
-        let pid = crate::held::end_left_holder(&bundle);
+        let pid = crate::held::end_left_holder(&bundle, &flags.id);
         return write_killed(pid);
     }
     let runc = crate::bundle::load_runc(&bundle)

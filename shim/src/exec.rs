@@ -27,6 +27,11 @@ impl Shim {
         if exec_id.is_empty() && container.is_restored() && process.exit().is_some() {
             return Ok(process.pid());
         }
+        if exec_id.is_empty() && container.held_pod && process.exit().is_some() {
+            return Err(ShimError::FailedPrecondition(format!(
+                "the holder of pod {id} exited before its start"
+            )));
+        }
         if process.exit().is_some() || !process.begin_start() {
             return Err(ShimError::FailedPrecondition(format!(
                 "process {} of container {id} was started already",

@@ -1,13 +1,15 @@
 //! A pod sandbox the shim holds itself on the task API, for crius: where crius marks a
 //! sandbox's spec, the shim starts the pod's holder (see `holder.rs`) in place of runc
 //! running a pause container. The holder gets the spec's namespaces, hostname, sysctls,
-//! OOM score and cgroup; it has no rootfs, no stdio and runs no image. A runc create, start,
-//! kill and delete per pod are saved, and the pause process with them.
+//! OOM score and cgroup; it has no rootfs, no stdio and runs no image. A runc create, kill
+//! and delete and a rootfs snapshot per pod are saved (the holder takes the pause
+//! process's place).
 //!
 //! The shim writes `crius-holder.json` in the bundle (the cgroup before the holder is
 //! spawned, its pid and start time after), so that `shim delete`, which containerd runs
 //! when the shim is gone, can end a holder the shim left behind.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -91,9 +93,17 @@ impl HeldPod {
             let path = crate::pod::sysctl_path(name, value, &namespaces)?;
             namespaces.sysctls.push((path, value.clone()));
         }
+        let cgroup_path = cgroup_path(&linux.cgroups_path).map_err(|why| refuse(&why))?;
+        // crius names a pod's cgroup after it; `shim delete` relies on that.
+        if cgroup_path
+            .as_ref()
+            .is_some_and(|p| Path::new(p).file_name().is_none_or(|name| name != id))
+        {
+            return Err(refuse("its cgroup is not named after it"));
+        }
         Ok(Some(Self {
             namespaces,
-            cgroup_path: cgroup_path(&linux.cgroups_path).map_err(|why| refuse(&why))?,
+            cgroup_path,
             cpu_shares: linux
                 .resources
                 .as_ref()
@@ -103,9 +113,9 @@ impl HeldPod {
         }))
     }
 
-    /// Spawns the holder (blocking: call off the async threads), puts it in its cgroup and
-    /// sets its OOM score; returns its pid and cgroup. The record for `shim delete` names
-    /// the cgroup before the spawn and the holder after it. The caller holds a
+    /// Spawns the holder (blocking: call off the async threads) in its cgroup, made first,
+    /// and sets its OOM score; returns its pid and cgroup. The record for `shim delete`
+    /// names the cgroup before the spawn and the holder after it. The caller holds a
     /// [`crate::shim::Starting`] so an early exit is kept for it.
     pub fn spawn(&self, bundle: &Path) -> Result<(i32, Option<cgroups_rs::fs::Cgroup>), ShimError> {
         let mut record = HolderRecord {
@@ -113,22 +123,39 @@ impl HeldPod {
             ..Default::default()
         };
         write_record(bundle, &record)?;
-        let pid = crate::holder::spawn(&self.namespaces)?;
+        let cgroup = self.make_cgroup()?;
+        let procs = match cgroup.as_ref().map(cgroup_procs_files).transpose() {
+            Ok(procs) => procs.unwrap_or_default(),
+            Err(e) => {
+                self.remove(cgroup.as_ref());
+                return Err(e);
+            }
+        };
+        let pid = match crate::holder::spawn(&self.namespaces, procs) {
+            Ok(pid) => pid,
+            Err(e) => {
+                self.remove(cgroup.as_ref());
+                return Err(e);
+            }
+        };
         record.pid = pid;
         record.start_time = start_time(pid).unwrap_or(0);
-        let placed = write_record(bundle, &record)
-            .and_then(|()| self.set_oom_score_adj(pid))
-            .and_then(|()| self.join_cgroup(pid));
-        match placed {
-            Ok(cgroup) => Ok((pid, cgroup)),
-            Err(e) => {
-                // Not reaped here: the shim's reaper sees its exit.
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                Err(e)
-            }
+        let recorded = write_record(bundle, &record).and_then(|()| self.set_oom_score_adj(pid));
+        if let Err(e) = recorded {
+            // Reaped by the shim's reaper, which sees its exit.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            self.remove(cgroup.as_ref());
+            return Err(e);
+        }
+        Ok((pid, cgroup))
+    }
+
+    fn remove(&self, cgroup: Option<&cgroups_rs::fs::Cgroup>) {
+        if let (Some(cgroup), Some(path)) = (cgroup, &self.cgroup_path) {
+            remove_cgroup(cgroup, path);
         }
     }
 
@@ -141,17 +168,14 @@ impl HeldPod {
             .map_err(|e| ShimError::io(format!("write {path}"), e))
     }
 
-    /// Makes the holder's cgroup in every hierarchy, gives it the spec's CPU shares and
-    /// moves the holder in, as runc does a pause container.
-    fn join_cgroup(&self, pid: i32) -> Result<Option<cgroups_rs::fs::Cgroup>, ShimError> {
+    /// Makes the holder's cgroup in every hierarchy with the spec's CPU shares, as runc
+    /// does a pause container's.
+    fn make_cgroup(&self) -> Result<Option<cgroups_rs::fs::Cgroup>, ShimError> {
         let Some(path) = &self.cgroup_path else {
             return Ok(None);
         };
-        let failed = |e: cgroups_rs::fs::error::Error| {
-            ShimError::Internal(format!("the pod holder's cgroup {path}: {e}"))
-        };
         let cgroup = cgroups_rs::fs::Cgroup::new(cgroups_rs::fs::hierarchies::auto(), path)
-            .map_err(failed)?;
+            .map_err(|e| ShimError::Internal(format!("the pod holder's cgroup {path}: {e}")))?;
         // Best effort: the holder uses no CPU to speak of.
         if let Some(shares) = self.cpu_shares
             && let Some(cpu) = cgroup.controller_of::<cgroups_rs::fs::cpu::CpuController>()
@@ -165,11 +189,29 @@ impl HeldPod {
                 log::warn!("the pod holder's CPU shares in {path}: {e}");
             }
         }
-        cgroup
-            .add_task_by_tgid(cgroups_rs::CgroupPid::from(pid as u64))
-            .map_err(failed)?;
         Ok(Some(cgroup))
     }
+}
+
+/// The `cgroup.procs` file of `cgroup` in each of its hierarchies, open for writing.
+fn cgroup_procs_files(cgroup: &cgroups_rs::fs::Cgroup) -> Result<Vec<OwnedFd>, ShimError> {
+    let mut dirs: Vec<PathBuf> = cgroup
+        .subsystems()
+        .iter()
+        .map(|s| s.to_controller().path().to_path_buf())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs.into_iter()
+        .map(|dir| {
+            let path = dir.join("cgroup.procs");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map(OwnedFd::from)
+                .map_err(|e| ShimError::io(format!("open {}", path.display()), e))
+        })
+        .collect()
 }
 
 /// cgroup v2's `cpu.weight` for v1 CPU shares, as runc converts them.
@@ -222,7 +264,7 @@ pub fn is_held_bundle(bundle: &Path) -> bool {
 
 /// For `shim delete`: ends the holder the record names, if it is still that process, and
 /// everything left in its cgroup, then removes the cgroup. Returns the holder's pid.
-pub fn end_left_holder(bundle: &Path) -> i32 {
+pub fn end_left_holder(bundle: &Path, id: &str) -> i32 {
     let record: HolderRecord = std::fs::read(bundle.join(HOLDER_FILE))
         .ok()
         .and_then(|text| serde_json::from_slice(&text).ok())
@@ -233,7 +275,13 @@ pub fn end_left_holder(bundle: &Path) -> i32 {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
-    if let Some(path) = &record.cgroup_path {
+    // Only the pod's own cgroup (crius names it after the pod): a record that names
+    // another must not make this kill what runs there.
+    if let Some(path) = record
+        .cgroup_path
+        .as_ref()
+        .filter(|p| Path::new(p).file_name().is_some_and(|name| name == id))
+    {
         let cgroup = cgroups_rs::fs::Cgroup::load(cgroups_rs::fs::hierarchies::auto(), path);
         for left in cgroup.procs() {
             let _ = nix::sys::signal::kill(
@@ -248,7 +296,7 @@ pub fn end_left_holder(bundle: &Path) -> i32 {
 
 /// Removes a holder's cgroup once it is empty: a killed process leaves it a moment later.
 pub fn remove_cgroup(cgroup: &cgroups_rs::fs::Cgroup, path: &str) {
-    for _ in 0..50 {
+    for _ in 0..5 {
         if cgroup.delete().is_ok() {
             return;
         }
@@ -322,6 +370,7 @@ mod tests {
             ),
             format!(r#"{{{MARKED},"linux":{{"cgroupsPath":"system.slice:crius:p1"}}}}"#),
             format!(r#"{{{MARKED},"linux":{{"cgroupsPath":"/kubepods/../../etc"}}}}"#),
+            format!(r#"{{{MARKED},"linux":{{"cgroupsPath":"/kubepods/other-pod"}}}}"#),
             // A sysctl of a namespace the pod shares with the host.
             format!(r#"{{{MARKED},"linux":{{"sysctl":{{"net.ipv4.ip_forward":"1"}}}}}}"#),
             format!(r#"{{{MARKED},"linux":{{"sysctl":{{"kernel.panic":"1"}}}}}}"#),

@@ -89,6 +89,7 @@ fn step_name(step: u8) -> &'static str {
         9 => "give the holder an empty read-only root",
         10 => "drop the holder's privileges",
         11 => "point the holder's stdio at /dev/null",
+        12 => "join the pod's cgroup",
         _ => "exec the shim as the holder",
     }
 }
@@ -107,10 +108,13 @@ struct Plan {
     unshare: libc::c_int,
     fork_pid1: bool,
     sysctls: Vec<(CString, Vec<u8>)>,
+    /// `cgroup.procs` of the holder's cgroup in each hierarchy: the child joins before
+    /// anything else, so the holder never runs outside it.
+    cgroup_procs: Vec<OwnedFd>,
 }
 
 impl Plan {
-    fn new(namespaces: &Namespaces) -> Result<Self, ShimError> {
+    fn new(namespaces: &Namespaces, cgroup_procs: Vec<OwnedFd>) -> Result<Self, ShimError> {
         let path = std::env::current_exe().map_err(|e| ShimError::io("shim binary".into(), e))?;
         let exe = std::fs::File::open(&path)
             .map_err(|e| ShimError::io(format!("open {}", path.display()), e))?
@@ -165,6 +169,7 @@ impl Plan {
             unshare: (namespaces.clone_flags() | CloneFlags::CLONE_NEWNS).bits(),
             fork_pid1: namespaces.pid,
             sysctls,
+            cgroup_procs,
         })
     }
 }
@@ -207,6 +212,12 @@ unsafe fn run_child(plan: &Plan, report: libc::c_int) -> isize {
     let envp = [std::ptr::null()];
     // SAFETY: raw system calls on fds and buffers the plan keeps alive.
     unsafe {
+        // "0": the writer itself; what it forks later is born in the cgroup.
+        for fd in &plan.cgroup_procs {
+            if libc::write(fd.as_raw_fd(), c"0".as_ptr().cast(), 1) != 1 {
+                return fail(12);
+            }
+        }
         if let Some(fd) = &plan.userns
             && libc::setns(fd.as_raw_fd(), libc::CLONE_NEWUSER) != 0
         {
@@ -352,10 +363,11 @@ unsafe fn shut_in(plan: &Plan) -> Result<(), u8> {
     Ok(())
 }
 
-/// Starts the holder and returns its pid once it has exec'd. The caller must hold a
-/// [`crate::shim::Starting`] so an early exit is kept for it.
-pub fn spawn(namespaces: &Namespaces) -> Result<i32, ShimError> {
-    let plan = Plan::new(namespaces)?;
+/// Starts the holder and returns its pid once it has exec'd; it is born in the cgroup
+/// whose `cgroup.procs` files `cgroup_procs` are (one per hierarchy). The caller must hold
+/// a [`crate::shim::Starting`] so an early exit is kept for it.
+pub fn spawn(namespaces: &Namespaces, cgroup_procs: Vec<OwnedFd>) -> Result<i32, ShimError> {
+    let plan = Plan::new(namespaces, cgroup_procs)?;
     let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| ShimError::io("pipe".into(), e.into()))?;
     let writer_fd = writer.as_raw_fd();

@@ -96,9 +96,10 @@ impl SandboxService {
         if pod.pid() == 0 {
             let starting = self.0.begin_starting();
             let namespaces = pod.namespaces().clone();
-            let pid = tokio::task::spawn_blocking(move || crate::holder::spawn(&namespaces))
-                .await
-                .map_err(|e| ShimError::Internal(format!("start pod: {e}")))??;
+            let pid =
+                tokio::task::spawn_blocking(move || crate::holder::spawn(&namespaces, Vec::new()))
+                    .await
+                    .map_err(|e| ShimError::Internal(format!("start pod: {e}")))??;
             pod.started(pid);
             pod.join_cgroup(pid);
             if let Some(exit) = self.0.take_early_exit(&starting, pid) {

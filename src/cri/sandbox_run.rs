@@ -622,8 +622,22 @@ impl CriService {
 /// holder's namespaces are the host user's; such pods keep their pause container).
 fn can_hold(runtime: &RuntimeConfig, userns: Option<&Mappings>) -> bool {
     runtime.runtime_type == crate::config::CRIUS_SHIM
+        && runs_containers_in_namespaces(&runtime.options.binary_name)
         && !runtime.options.systemd_cgroup
         && userns.is_none()
+}
+
+/// Whether a handler's OCI runtime runs containers as processes in Linux namespaces, which
+/// a held pod's containers join: runc (the default), crun or youki. Another (a VM or
+/// gVisor runtime) must create the sandbox itself.
+fn runs_containers_in_namespaces(binary_name: &str) -> bool {
+    binary_name.is_empty()
+        || matches!(
+            std::path::Path::new(binary_name)
+                .file_name()
+                .and_then(|name| name.to_str()),
+            Some("runc" | "crun" | "youki")
+        )
 }
 
 /// Marks the sandbox spec for crius's shim to hold, or makes sure it is not marked: a
@@ -691,4 +705,48 @@ struct SandboxPaths<'a> {
     shm: &'a str,
     /// The pause rootfs is a copy shifted into the pod's IDs (else an idmapped mount).
     copy_rootfs: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_are_held_only_on_crius_shim_with_a_namespace_runtime_cgroupfs_and_no_userns() {
+        let held = RuntimeConfig::default();
+        assert!(can_hold(&held, None));
+        for binary in ["runc", "/usr/local/bin/crun", "youki"] {
+            let mut runtime = held.clone();
+            runtime.options.binary_name = binary.into();
+            assert!(can_hold(&runtime, None), "{binary}");
+        }
+        let mut vm = held.clone();
+        vm.options.binary_name = "/opt/kata/bin/kata-runtime".into();
+        let mut go_shim = held.clone();
+        go_shim.runtime_type = crate::config::RUNC_SHIM.into();
+        let mut systemd = held.clone();
+        systemd.options.systemd_cgroup = true;
+        for runtime in [vm, go_shim, systemd] {
+            assert!(!can_hold(&runtime, None), "{runtime:?}");
+        }
+        assert!(!can_hold(&held, Some(&Mappings::from_zero(65536, 65536))));
+    }
+
+    #[test]
+    fn only_crius_marks_a_spec_for_holding() {
+        let mut spec = oci_spec::runtime::Spec::default();
+        let passed = HashMap::from([(oci::annotations::SANDBOX_HOLDER.to_string(), "true".into())]);
+        spec.set_annotations(Some(passed));
+        mark_held(&mut spec, false);
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        assert!(!annotations.contains_key(oci::annotations::SANDBOX_HOLDER));
+        mark_held(&mut spec, true);
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get(oci::annotations::SANDBOX_HOLDER)
+                .map(String::as_str),
+            Some("true")
+        );
+    }
 }
