@@ -664,6 +664,36 @@ async fn pod_sysctls_are_applied() {
     pod.remove_pod().await;
 }
 
+#[tokio::test]
+async fn sysctls_the_kernel_or_the_pods_namespaces_refuse_are_the_pods_error() {
+    let (crius, _net) = crius_with_network(123).await;
+    let mut client = crius.client().await;
+    // A value the kernel refuses, and a sysctl no namespace of the pod's scopes.
+    for (name, value) in [
+        ("net.ipv4.ip_forward", "not a number"),
+        ("kernel.panic", "1"),
+    ] {
+        let mut config = pod_config("bad-sysctl");
+        config.linux.get_or_insert_with(Default::default).sysctls =
+            HashMap::from([(name.to_string(), value.to_string())]);
+        let err = client
+            .runtime
+            .run_pod_sandbox(crius::api::v1::RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect_err("a pod with a sysctl it may not set");
+        assert_eq!(
+            err.code(),
+            tonic::Code::InvalidArgument,
+            "{name}={value}: {err:?}"
+        );
+    }
+    let left = crius.ctr(&["containers", "ls", "-q"]);
+    assert!(left.trim().is_empty(), "{left}");
+}
+
 /// The container's memory limit in bytes, from cgroup v1 or v2.
 async fn memory_limit(pod: &mut Pod, id: &str) -> u64 {
     let (out, _, _) = sh(

@@ -90,7 +90,8 @@ impl HeldPod {
         let mut sysctls: Vec<_> = linux.sysctl.iter().collect();
         sysctls.sort();
         for (name, value) in sysctls {
-            let path = crate::pod::sysctl_path(name, value, &namespaces)?;
+            let path = crate::pod::sysctl_path(name, value, &namespaces)
+                .map_err(|e| refuse(&e.to_string()))?;
             namespaces.sysctls.push((path, value.clone()));
         }
         let cgroup_path = cgroup_path(&linux.cgroups_path).map_err(|why| refuse(&why))?;

@@ -77,6 +77,8 @@ fn record(kind: u8, value: i32) -> [u8; RECORD] {
     [kind, v[0], v[1], v[2], v[3]]
 }
 
+/// The failed step's words. crius answers INVALID_ARGUMENT for "set the hostname" and "set
+/// the pod's sysctls" (the kernel refused the pod's own values): keep those words.
 fn step_name(step: u8) -> &'static str {
     match step {
         1 => "join the network namespace",

@@ -47,10 +47,15 @@ pub(crate) fn container_start_code(message: &str) -> Code {
     }
 }
 
-/// The code for the runtime's failure to set up a pod's pause process: the kernel refusing
-/// one of the pod's sysctls or its hostname is the pod config's fault.
+/// The code for the runtime's failure to set up a pod's pause process (runc's words) or
+/// holder (crius's shim's): the kernel refusing one of the pod's sysctls or its hostname
+/// is the pod config's fault.
 pub(crate) fn sandbox_task_code(message: &str) -> Code {
-    if message.contains("/proc/sys/") || message.contains("sethostname") {
+    // "held pod": the shim refused the spec (a sysctl outside the pod's namespaces).
+    let holder_refused = message.contains("pod holder: set the pod's sysctls")
+        || message.contains("pod holder: set the hostname")
+        || message.contains("held pod ");
+    if message.contains("/proc/sys/") || message.contains("sethostname") || holder_refused {
         Code::InvalidArgument
     } else {
         Code::Internal
@@ -72,6 +77,24 @@ impl CriService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_sysctl_or_hostname_is_the_pods_fault() {
+        for message in [
+            "runc create failed: unable to start container process: error during container init: open /proc/sys/net/x: no such file or directory: unknown",
+            "failed to create shim task: pod holder: set the pod's sysctls: Invalid argument (os error 22): unknown",
+            "failed to create shim task: pod holder: set the hostname: Invalid argument (os error 22): unknown",
+            r#"failed to create shim task: held pod p1: sysctl "kernel.panic": not scoped by a pod's namespaces: invalid argument"#,
+        ] {
+            assert_eq!(
+                sandbox_task_code(message),
+                Code::InvalidArgument,
+                "{message}"
+            );
+        }
+        let other = "failed to create shim task: pod holder: fork the pod's PID 1: Resource temporarily unavailable (os error 11)";
+        assert_eq!(sandbox_task_code(other), Code::Internal);
+    }
 
     #[test]
     fn runcs_words_for_a_command_that_cannot_run() {
