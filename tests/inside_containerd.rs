@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::Crius;
 use common::cri_containerd::{CriContainerd, PROXY_HANDLER, SHIM_HANDLER};
 use common::pod::{Pod, container, pull};
-use common::{containerd_major, eventually, pod_config};
+use common::{containerd_major, eventually, pause_processes, pod_config};
 use crius::api::v1::{
     Capability, ContainerState, ContainerStatusRequest, DnsConfig, IdMapping, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
@@ -141,18 +141,6 @@ async fn exec_ok(pod: &mut Pod, id: &str, cmd: &[&str]) -> String {
     let (out, err, code) = pod.exec(id, cmd, 20).await.expect("exec");
     assert_eq!(code, 0, "{cmd:?}: {err}");
     out
-}
-
-/// Processes whose whole command line is `/pause` (a pause container's).
-fn pause_processes() -> usize {
-    std::fs::read_dir("/proc")
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"/pause\0"))
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 /// Two containers share the pod's namespaces and files; no runc shim nor pause container.

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::pod::{Pod, container, host_network_pod_config, pod, pod_on, pod_with};
-use common::{Crius, TestNetwork, eventually};
+use common::{Crius, TestNetwork, eventually, pause_processes};
 use crius::api::v1::ContainerState;
 
 const CRIUS_SHIM: &str = "containerd-shim-crius-v2";
@@ -262,18 +262,6 @@ async fn holder_of(pod: &mut Pod, crius: &Crius) -> (u64, std::path::PathBuf) {
         pid,
         std::path::PathBuf::from(format!("/sys/fs/cgroup/cpu{cpu}")),
     )
-}
-
-/// Processes whose whole command line is `/pause` (a pause container's).
-fn pause_processes() -> usize {
-    std::fs::read_dir("/proc")
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"/pause\0"))
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 #[tokio::test]

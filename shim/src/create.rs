@@ -89,19 +89,23 @@ impl Shim {
         }
         self.add_container(container.clone());
         self.watch_oom(&container, pid);
+        self.publish_created(&id, &bundle, &stdio, pid);
+        self.register_pid(&starting, pid, &init);
+        drop(starting);
+        Ok(pid)
+    }
+
+    fn publish_created(&self, id: &str, bundle: &Path, stdio: &StdioPaths, pid: i32) {
         self.events.publish(
             topic::CREATE,
             Box::new(TaskCreate {
-                container_id: id,
+                container_id: id.to_string(),
                 bundle: bundle.display().to_string(),
-                io: Some(task_io(&stdio)).into(),
+                io: Some(task_io(stdio)).into(),
                 pid: pid as u32,
                 ..Default::default()
             }),
         );
-        self.register_pid(&starting, pid, &init);
-        drop(starting);
-        Ok(pid)
     }
 
     /// runc create (or restore, from `checkpoint`), with the stdio the process gets; a
@@ -197,16 +201,7 @@ impl Shim {
         ));
         self.add_container(container.clone());
         self.watch_oom(&container, pid);
-        self.events.publish(
-            topic::CREATE,
-            Box::new(TaskCreate {
-                container_id: id.clone(),
-                bundle: bundle.display().to_string(),
-                io: Some(task_io(&stdio)).into(),
-                pid: pid as u32,
-                ..Default::default()
-            }),
-        );
+        self.publish_created(&id, &bundle, &stdio, pid);
         self.register_pid(&starting, pid, &init);
         drop(starting);
         log::info!("pod {id} held by pid {pid}");

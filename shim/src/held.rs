@@ -24,6 +24,8 @@ const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 /// What `shim delete` reads to end a holder left behind.
 const HOLDER_FILE: &str = "crius-holder.json";
+/// Largest holder record read.
+const MAX_RECORD: u64 = 64 * 1024;
 /// Longest spec hostname taken (the kernel's limit).
 const MAX_HOSTNAME: usize = 64;
 
@@ -228,14 +230,7 @@ fn cgroup_path(spec_path: &str) -> Result<Option<String>, String> {
     if path.is_empty() {
         return Ok(None);
     }
-    let safe = path.len() <= 4096
-        && path
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != "..")
-        && path
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
-    if !safe {
+    if !crate::pod::is_cgroup_path(path, 4096, false) {
         return Err(format!("cgroups path {spec_path:?} is not a cgroupfs path"));
     }
     Ok(Some(path.to_string()))
@@ -248,6 +243,18 @@ fn write_record(bundle: &Path, record: &HolderRecord) -> Result<(), ShimError> {
     std::fs::write(&temp, text)
         .and_then(|()| std::fs::rename(&temp, &path))
         .map_err(|e| ShimError::io(format!("write {}", path.display()), e))
+}
+
+/// The record the shim wrote (a few hundred bytes; more is not its).
+fn read_record(bundle: &Path) -> Option<HolderRecord> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::fs::File::open(bundle.join(HOLDER_FILE))
+        .ok()?
+        .take(MAX_RECORD)
+        .read_to_end(&mut text)
+        .ok()?;
+    serde_json::from_slice(&text).ok()
 }
 
 /// A process's start time in clock ticks since boot (field 22 of its stat file).
@@ -266,10 +273,7 @@ pub fn is_held_bundle(bundle: &Path) -> bool {
 /// For `shim delete`: ends the holder the record names, if it is still that process, and
 /// everything left in its cgroup, then removes the cgroup. Returns the holder's pid.
 pub fn end_left_holder(bundle: &Path, id: &str) -> i32 {
-    let record: HolderRecord = std::fs::read(bundle.join(HOLDER_FILE))
-        .ok()
-        .and_then(|text| serde_json::from_slice(&text).ok())
-        .unwrap_or_default();
+    let record: HolderRecord = read_record(bundle).unwrap_or_default();
     if record.pid > 0 && start_time(record.pid) == Some(record.start_time) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(record.pid),
@@ -404,10 +408,7 @@ mod tests {
         };
         write_record(dir.path(), &record).expect("write");
         assert!(is_held_bundle(dir.path()));
-        let read: HolderRecord =
-            serde_json::from_slice(&std::fs::read(dir.path().join(HOLDER_FILE)).expect("read"))
-                .expect("parse");
-        assert_eq!(read, record);
+        assert_eq!(read_record(dir.path()), Some(record));
         assert!(start_time(me).expect("start time") > 0);
     }
 }

@@ -188,19 +188,24 @@ fn pod_cgroup_path(parent: &str, id: &str) -> Result<Option<String>, ShimError> 
     if parent.is_empty() || parent.ends_with(".slice") {
         return Ok(None);
     }
-    let safe = parent.len() <= 1024
-        && parent
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != "..")
-        && parent
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':'));
-    if !safe {
+    if !is_cgroup_path(parent, 1024, true) {
         return Err(ShimError::InvalidArgument(format!(
             "cgroup parent {parent:?} is not a cgroup path"
         )));
     }
     Ok(Some(format!("{parent}/{id}")))
+}
+
+/// Whether `path` (no leading or trailing `/`) is a plain path below a cgroup root: at most
+/// `max` bytes of words, none `.` or `..` (`:` allowed only with `colon`).
+pub(crate) fn is_cgroup_path(path: &str, max: usize, colon: bool) -> bool {
+    path.len() <= max
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+        && path.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/') || (colon && c == ':')
+        })
 }
 
 /// The pod's hostname, or the node's when it names none (as containerd's CRI does).

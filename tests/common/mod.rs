@@ -701,3 +701,15 @@ pub fn kill_shims_and_containers(pattern: &str) {
         let _ = Command::new("kill").args(["-9", shim]).status();
     }
 }
+
+/// Processes whose whole command line is `/pause` (a pause container's).
+pub fn pause_processes() -> usize {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"/pause\0"))
+                .count()
+        })
+        .unwrap_or(0)
+}
