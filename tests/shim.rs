@@ -301,7 +301,11 @@ async fn the_shim_holds_the_pod_without_a_pause_container() {
         .args(["tasks", "pause", &pod.id])
         .output()
         .expect("ctr");
-    assert!(!out.status.success(), "a held pod was paused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("it is not a container"),
+        "a held pod was paused, or not refused as held: {err}"
+    );
     pod.remove_pod().await;
     assert!(!cgroup.exists(), "the holder's cgroup was left");
     assert!(

@@ -89,6 +89,8 @@ pub fn unmount_rootfs(target: &Path) {
 
 /// The annotation naming a container's pod (containerd's CRI and crius set it).
 pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// `sandbox` on a pod's own spec, `container` on its containers'.
+pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
 /// Gives a container of a pod the shim holds the pod's shared files: containerd's CRI
 /// found no pause sandbox's files to bind, so the spec binds each one it does not mount

@@ -14,14 +14,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::bundle::{CONTAINER_TYPE, SANDBOX_ID};
 use crate::container::BundleSpec;
 use crate::error::ShimError;
 use crate::holder::Namespaces;
 
 /// The annotation crius sets on a sandbox spec it wants held (and removes otherwise).
-pub const HOLDER_ANNOTATION: &str = "io.crius.sandbox-holder";
-const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
-const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+const HOLDER_ANNOTATION: &str = "io.crius.sandbox-holder";
 /// What `shim delete` reads to end a holder left behind.
 const HOLDER_FILE: &str = "crius-holder.json";
 /// Largest holder record read.
