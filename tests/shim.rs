@@ -589,27 +589,23 @@ async fn a_hung_shim_blocks_no_other_pod() {
     healthy.remove_pod().await;
 }
 
-/// The shim starts a container runc created as `runc start` would, without running a
-/// second runc: a runc that logs its verbs is asked to create the container, never to
-/// start it, and the container runs (runc's state says so, and an exec works in it).
-#[tokio::test]
-async fn runc_creates_and_the_shim_itself_starts_the_container() {
-    let bin = tempfile::tempdir().expect("tempdir");
-    let verbs = bin.path().join("verbs");
-    // Named runc, as the shim starts containers itself only for runc.
-    let runc = bin.path().join("runc");
+/// A runc named `runc` (the shim starts containers and runs execs itself only for runc)
+/// that logs the verbs it is asked for to `<dir>/verbs`, and crius with it as the
+/// "counted" runtime handler.
+async fn crius_with_counting_runc(dir: &std::path::Path) -> Crius {
+    let runc = dir.join("runc");
     std::fs::write(
         &runc,
         format!(
             "#!/bin/sh\nfor a in \"$@\"; do case $a in create|start|exec|delete|kill) echo $a >> {}; break;; esac; done\nexec /usr/sbin/runc \"$@\"\n",
-            verbs.display()
+            dir.join("verbs").display()
         ),
     )
     .expect("write the runc wrapper");
     std::fs::set_permissions(&runc, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let runc = runc.display().to_string();
-    let crius = Crius::start_with(
+    Crius::start_with(
         |c| {
             let mut counted = c.containerd.runtimes["runc"].clone();
             counted.options.binary_name = runc;
@@ -617,21 +613,40 @@ async fn runc_creates_and_the_shim_itself_starts_the_container() {
         },
         &[],
     )
-    .await;
+    .await
+}
+
+fn runc_verbs(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("verbs"))
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// The shim starts a container runc created as `runc start` would, without running a
+/// second runc: a runc that logs its verbs is asked to create the container, never to
+/// start it, and the container runs (runc's state says so, and an exec works in it).
+#[tokio::test]
+async fn runc_creates_and_the_shim_itself_starts_the_container() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let crius = crius_with_counting_runc(bin.path()).await;
     let mut pod = pod_on(&crius, host_network_pod_config("fifo-start"), "counted").await;
     let id = pod
         .run(container("app", "busybox:latest", &["sleep", "1000"]))
         .await;
     let (out, _, code) = pod.exec(&id, &["echo", "up"], 10).await.expect("exec");
     assert_eq!((out.as_str(), code), ("up\n", 0));
-    let logged = std::fs::read_to_string(&verbs).expect("the wrapper's log");
-    let logged: Vec<&str> = logged.lines().collect();
+    let logged = runc_verbs(bin.path());
     assert_eq!(
-        logged.iter().filter(|v| **v == "create").count(),
+        logged.iter().filter(|v| *v == "create").count(),
         1,
         "the app's create only (the shim holds the pod itself): {logged:?}"
     );
-    assert!(!logged.contains(&"start"), "runc start was run: {logged:?}");
+    assert!(
+        !logged.iter().any(|v| v == "start"),
+        "runc start was run: {logged:?}"
+    );
     let state = Command::new("runc")
         .args([
             "--root",
@@ -643,5 +658,116 @@ async fn runc_creates_and_the_shim_itself_starts_the_container() {
         .expect("runc state");
     let state = String::from_utf8_lossy(&state.stdout);
     assert!(state.contains("\"status\": \"running\""), "{state}");
+    pod.remove_pod().await;
+}
+
+/// An exec whose spec asks nothing only runc does runs without runc (the shim's exec
+/// helper), and its process is the one `runc exec` makes in the same container: the same
+/// user, groups, capabilities, no_new_privs, umask, environment, working directory, cgroups
+/// and namespaces. Its exit code and a program that is not there come back as with runc;
+/// a container with a seccomp filter still gets its execs from runc.
+#[tokio::test]
+async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
+    use crius::api::v1::{
+        Capability, KeyValue, LinuxContainerConfig, LinuxContainerSecurityContext, SecurityProfile,
+        security_profile::ProfileType,
+    };
+    let bin = tempfile::tempdir().expect("tempdir");
+    let crius = crius_with_counting_runc(bin.path()).await;
+    let mut pod = pod_on(&crius, host_network_pod_config("direct-exec"), "counted").await;
+    let mut app = container("app", "busybox:latest", &["sleep", "1000"]);
+    app.working_dir = "/tmp".into();
+    app.envs = [("A", "1"), ("B", "x=y"), ("A", "2")]
+        .map(|(key, value)| KeyValue {
+            key: key.into(),
+            value: value.into(),
+        })
+        .to_vec();
+    app.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            run_as_user: Some(crius::api::v1::Int64Value { value: 1000 }),
+            run_as_group: Some(crius::api::v1::Int64Value { value: 2000 }),
+            supplemental_groups: vec![3000],
+            no_new_privs: true,
+            capabilities: Some(Capability {
+                add_capabilities: vec!["SYS_PTRACE".into()],
+                drop_capabilities: vec!["NET_RAW".into()],
+                add_ambient_capabilities: vec!["NET_BIND_SERVICE".into()],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let id = pod.run(app).await;
+
+    let probe = "grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]+|NoNewPrivs|Seccomp|Umask):' /proc/self/status; \
+        env | sort; pwd; cat /proc/self/cgroup; \
+        for n in ipc mnt net pid uts cgroup; do readlink /proc/self/ns/$n; done";
+    let (direct, err, code) = pod
+        .exec(&id, &["sh", "-c", probe], 10)
+        .await
+        .expect("exec the probe");
+    assert_eq!((err.as_str(), code), ("", 0), "{direct}");
+    let runc_root = format!("/run/containerd/runc/{}", crius.config.containerd.namespace);
+    let by_runc = Command::new("runc")
+        .args(["--root", &runc_root, "exec", &id, "sh", "-c", probe])
+        .output()
+        .expect("runc exec");
+    assert!(by_runc.status.success(), "{by_runc:?}");
+    assert_eq!(direct, String::from_utf8_lossy(&by_runc.stdout));
+    for expected in [
+        "Uid:\t1000",
+        " 3000 \n",
+        "CapAmb:\t0000000000000400",
+        "NoNewPrivs:\t1",
+        "A=2",
+        "/tmp\n",
+    ] {
+        assert!(direct.contains(expected), "{expected:?} in {direct}");
+    }
+    assert!(
+        !runc_verbs(bin.path()).iter().any(|v| v == "exec"),
+        "runc exec was run: {:?}",
+        runc_verbs(bin.path())
+    );
+
+    let (_, _, code) = pod
+        .exec(&id, &["sh", "-c", "exit 7"], 10)
+        .await
+        .expect("exit 7");
+    assert_eq!(code, 7);
+    let missing = pod
+        .exec(&id, &["no-such-program"], 10)
+        .await
+        .expect_err("no program");
+    assert!(
+        missing
+            .message()
+            .contains(r#"exec: \"no-such-program\": executable file not found in $PATH"#),
+        "{missing:?}"
+    );
+
+    let mut filtered = container("filtered", "busybox:latest", &["sleep", "1000"]);
+    filtered.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            seccomp: Some(SecurityProfile {
+                profile_type: ProfileType::RuntimeDefault as i32,
+                localhost_ref: String::new(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let filtered = pod.run(filtered).await;
+    let (out, _, code) = pod
+        .exec(&filtered, &["echo", "filtered"], 10)
+        .await
+        .expect("exec");
+    assert_eq!((out.as_str(), code), ("filtered\n", 0));
+    assert!(
+        runc_verbs(bin.path()).iter().any(|v| v == "exec"),
+        "the seccomp container's exec went to runc: {:?}",
+        runc_verbs(bin.path())
+    );
     pod.remove_pod().await;
 }

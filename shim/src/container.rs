@@ -24,6 +24,8 @@ pub struct Container {
     pub poststart_hooks: bool,
     /// A pod sandbox the shim holds (`held.rs`): its init is the pod's holder, not runc's.
     pub held_pod: bool,
+    /// The shim runs its execs itself when their specs allow (`direct_exec`).
+    pub direct_exec: bool,
     /// The init's cgroup, found at create (a pid can be reused after the init exits).
     pub cgroup: Option<cgroups_rs::fs::Cgroup>,
     /// Held by every runtime command on the container itself (start, kill, delete, pause,
@@ -64,6 +66,7 @@ impl Container {
             own_pid_namespace: facts.own_pid_namespace,
             poststart_hooks: facts.poststart_hooks,
             held_pod: facts.held_pod,
+            direct_exec: facts.direct_exec,
             cgroup,
             ops: tokio::sync::Mutex::new(()),
             execs: Mutex::new(HashMap::new()),
@@ -171,6 +174,8 @@ pub struct SpecFacts {
     pub poststart_hooks: bool,
     /// The shim holds the pod itself (see `held.rs`).
     pub held_pod: bool,
+    /// The shim runs the container's execs itself (see `direct_exec`).
+    pub direct_exec: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -189,6 +194,18 @@ pub struct LinuxSpec {
     pub sysctl: HashMap<String, String>,
     #[serde(default)]
     pub resources: Option<ResourcesSpec>,
+    #[serde(default)]
+    pub seccomp: Option<serde_json::Value>,
+    #[serde(default)]
+    pub personality: Option<serde_json::Value>,
+    #[serde(default, rename = "intelRdt")]
+    pub intel_rdt: Option<serde_json::Value>,
+    #[serde(default, rename = "mountLabel")]
+    pub mount_label: String,
+    #[serde(default, rename = "uidMappings")]
+    pub uid_mappings: Vec<serde_json::Value>,
+    #[serde(default, rename = "timeOffsets")]
+    pub time_offsets: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -229,7 +246,25 @@ impl BundleSpec {
             own_pid_namespace: self.own_pid_namespace(),
             poststart_hooks: self.hooks.as_ref().is_some_and(|h| !h.poststart.is_empty()),
             held_pod: false,
+            direct_exec: false,
         }
+    }
+
+    /// Whether the container has nothing an exec into it needs runc for: no seccomp
+    /// filter, user or time namespace, personality, Intel RDT or SELinux mount label.
+    pub fn plain_for_exec(&self) -> bool {
+        let Some(linux) = &self.linux else {
+            return true;
+        };
+        let own_namespace = |kind: &str| linux.namespaces.iter().any(|n| n.kind == kind);
+        linux.seccomp.is_none()
+            && linux.personality.is_none()
+            && linux.intel_rdt.is_none()
+            && linux.mount_label.is_empty()
+            && linux.uid_mappings.is_empty()
+            && linux.time_offsets.is_none()
+            && !own_namespace("user")
+            && !own_namespace("time")
     }
 
     pub fn own_pid_namespace(&self) -> bool {

@@ -182,6 +182,7 @@ impl Shim {
             own_pid_namespace: spec.own_pid_namespace(),
             poststart_hooks: false,
             held_pod: true,
+            direct_exec: false,
         };
         let starting = self.begin_starting();
         let dir = bundle.clone();
@@ -248,7 +249,9 @@ async fn prepare_bundle(
         }
         crate::bundle::save_runc(&bundle, &runc)?;
         let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts, userns.as_deref())?;
-        Ok((spec.facts(), rootfs))
+        let mut facts = spec.facts();
+        facts.direct_exec = crate::direct_exec::container_allows(&spec, &runc);
+        Ok((facts, rootfs))
     })
     .await
     .map_err(|e| ShimError::Internal(format!("prepare bundle: {e}")))?

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use containerd_shim_protos::api::Status;
 use containerd_shim_protos::events::task::{TaskExecAdded, TaskExecStarted, TaskStart};
+use serde::Deserialize;
 
 use crate::container::Container;
 use crate::create::{prepare_stdio, receive_console};
@@ -119,17 +120,30 @@ impl Shim {
             .ok_or_else(|| ShimError::Internal("exec without a process spec".into()))?;
         let pid_file = spec_file.with_extension("pid");
         let (process_stdio, io, console) = prepare_stdio(&process.stdio)?;
-        container
-            .runc
-            .exec(
+        if container.direct_exec && process.direct_exec && console.is_none() {
+            crate::direct_exec::exec(
                 &self.reaper,
+                &container.runc,
                 &container.id,
+                container.init.pid(),
                 &spec_file,
                 &pid_file,
-                console.as_ref().map(|c| c.path()).as_deref(),
                 process_stdio,
             )
             .await?;
+        } else {
+            container
+                .runc
+                .exec(
+                    &self.reaper,
+                    &container.id,
+                    &spec_file,
+                    &pid_file,
+                    console.as_ref().map(|c| c.path()).as_deref(),
+                    process_stdio,
+                )
+                .await?;
+        }
         let pid = read_pid_file(&pid_file)
             .map_err(|e| ShimError::io(format!("read {}", pid_file.display()), e))?;
         let _ = std::fs::remove_file(&pid_file);
@@ -165,12 +179,17 @@ impl Shim {
                 "exec process spec is not an object".into(),
             ));
         }
+        let direct = container.direct_exec
+            && crate::direct_exec::spec::ExecProcess::deserialize(&spec)
+                .is_ok_and(|p| p.needs_runc().is_none());
         // Named by a counter, not by the exec id, which is the client's text.
         let n = self.exec_files.fetch_add(1, Ordering::Relaxed);
         let spec_file = container.bundle.join(format!("exec-{n}.json"));
         std::fs::write(&spec_file, spec.to_string())
             .map_err(|e| ShimError::io(format!("write {}", spec_file.display()), e))?;
-        let process = Arc::new(Process::new(id, exec_id, stdio, Some(spec_file.clone())));
+        let mut process = Process::new(id, exec_id, stdio, Some(spec_file.clone()));
+        process.direct_exec = direct;
+        let process = Arc::new(process);
         if !container.add_exec(process) {
             let _ = std::fs::remove_file(&spec_file);
             return Err(ShimError::AlreadyExists(format!(

@@ -8,6 +8,7 @@ mod container;
 mod control;
 mod create;
 mod delete;
+mod direct_exec;
 mod error;
 mod events;
 mod exec;
@@ -35,6 +36,10 @@ fn main() {
     // A pod's holder: the shim clones it into the pod's namespaces and execs it so.
     if args.len() == 1 && args[0] == holder::PAUSE_ACTION {
         holder::pause();
+    }
+    // An exec the shim runs itself: it runs its binary from memory for it.
+    if args.first().map(String::as_str) == Some(direct_exec::helper::ACTION) {
+        direct_exec::helper::run(&args);
     }
     let flags = match containerd_shim::parse(&args) {
         Ok(flags) => flags,

@@ -23,6 +23,8 @@ pub struct Process {
     pub stdio: StdioPaths,
     /// The OCI process spec file of an exec.
     pub spec_file: Option<PathBuf>,
+    /// An exec the shim may run itself (`direct_exec`), not through runc.
+    pub direct_exec: bool,
     state: Mutex<ProcessState>,
     exited: watch::Sender<Option<Exit>>,
 }
@@ -64,6 +66,7 @@ impl Process {
             exec_id: exec_id.to_string(),
             stdio,
             spec_file,
+            direct_exec: false,
             state: Mutex::new(ProcessState {
                 pid: 0,
                 status: Status::CREATED,

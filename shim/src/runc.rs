@@ -212,7 +212,7 @@ impl Runc {
     }
 
     /// Whether the runtime is runc itself (whose state directory the shim knows).
-    fn is_runc(&self) -> bool {
+    pub(crate) fn is_runc(&self) -> bool {
         Path::new(&self.binary).file_name() == Some(std::ffi::OsStr::new("runc"))
     }
 
@@ -333,7 +333,7 @@ impl Runc {
 
     /// Runs a command that hands its stdio to a container process; its errors are in the
     /// log, since its stderr is the container's.
-    async fn run_with_stdio(
+    pub(crate) async fn run_with_stdio(
         &self,
         reaper: &Reaper,
         verb: &'static str,
