@@ -44,7 +44,6 @@ fn prepare(process: &ExecProcess, caps: CapSets, last_cap: u32) -> Result<Progra
         Err(nix::errno::Errno::EACCES | nix::errno::Errno::EPERM) => false,
         Err(e) => return Err(chdir_failure(&process.cwd, e)),
     };
-    let home = home_of(&read_passwd(), process.user.uid);
     drop_bounding_set(caps.bounding, last_cap)?;
     become_user(process)?;
     if !in_cwd {
@@ -53,6 +52,9 @@ fn prepare(process: &ExecProcess, caps: CapSets, last_cap: u32) -> Result<Progra
     set_capabilities(caps)?;
     let umask = process.user.umask.unwrap_or(0o022) & 0o777;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
+    // Read as the process itself: an /etc/passwd that links elsewhere (a host-PID
+    // container's /proc) gets nothing the process could not read on its own.
+    let home = home_of(&read_passwd(), process.user.uid);
     let env = process.environment(&home);
     let path = env
         .iter()
