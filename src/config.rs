@@ -241,6 +241,8 @@ pub struct RuntimeConfig {
     /// Container annotations (glob patterns) passed on to the runtime in the OCI spec.
     pub container_annotations: Vec<String>,
     pub privileged_without_host_devices: bool,
+    /// Every exec goes to the OCI runtime (`runc exec`), never crius's shim's own exec.
+    pub exec_with_runtime: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -251,6 +253,7 @@ impl Default for RuntimeConfig {
             pod_annotations: Vec::new(),
             container_annotations: Vec::new(),
             privileged_without_host_devices: false,
+            exec_with_runtime: false,
         }
     }
 }
@@ -730,6 +733,9 @@ runtime_type = "io.containerd.crius.v2"
 pod_annotations = []
 container_annotations = []
 privileged_without_host_devices = false
+# Run every exec with `runc exec` rather than the shim's own exec (which it uses for execs
+# that ask nothing only runc does).
+exec_with_runtime = false
 # runc shim options; BinaryName selects another OCI runtime such as crun.
 options = { BinaryName = "", Root = "", SystemdCgroup = false, NoPivotRoot = false, NoNewKeyring = false, ShimCgroup = "", IoUid = 0, IoGid = 0, CriuImagePath = "", CriuWorkPath = "" }
 
@@ -740,6 +746,7 @@ runtime_type = "io.containerd.runc.v2"
 pod_annotations = []
 container_annotations = []
 privileged_without_host_devices = false
+exec_with_runtime = false
 options = { BinaryName = "", Root = "", SystemdCgroup = false, NoPivotRoot = false, NoNewKeyring = false, ShimCgroup = "", IoUid = 0, IoGid = 0, CriuImagePath = "", CriuWorkPath = "" }
 
 [cni]

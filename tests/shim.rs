@@ -591,7 +591,7 @@ async fn a_hung_shim_blocks_no_other_pod() {
 
 /// A runc named `runc` (the shim starts containers and runs execs itself only for runc)
 /// that logs the verbs it is asked for to `<dir>/verbs`, and crius with it as the
-/// "counted" runtime handler.
+/// "counted" runtime handler (and as "counted-exec", whose execs all go to runc).
 async fn crius_with_counting_runc(dir: &std::path::Path) -> Crius {
     let runc = dir.join("runc");
     std::fs::write(
@@ -609,7 +609,11 @@ async fn crius_with_counting_runc(dir: &std::path::Path) -> Crius {
         |c| {
             let mut counted = c.containerd.runtimes["runc"].clone();
             counted.options.binary_name = runc;
-            c.containerd.runtimes.insert("counted".into(), counted);
+            c.containerd
+                .runtimes
+                .insert("counted".into(), counted.clone());
+            counted.exec_with_runtime = true;
+            c.containerd.runtimes.insert("counted-exec".into(), counted);
         },
         &[],
     )
@@ -665,7 +669,8 @@ async fn runc_creates_and_the_shim_itself_starts_the_container() {
 /// helper), and its process is the one `runc exec` makes in the same container: the same
 /// user, groups, capabilities, no_new_privs, umask, environment, working directory, cgroups
 /// and namespaces. Its exit code and a program that is not there come back as with runc;
-/// a container with a seccomp filter still gets its execs from runc.
+/// a container with a seccomp filter, or of a handler with `exec_with_runtime`, still gets
+/// its execs from runc.
 #[tokio::test]
 async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
     use crius::api::v1::{
@@ -764,10 +769,25 @@ async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
         .await
         .expect("exec");
     assert_eq!((out.as_str(), code), ("filtered\n", 0));
-    assert!(
-        runc_verbs(bin.path()).iter().any(|v| v == "exec"),
-        "the seccomp container's exec went to runc: {:?}",
+    let runc_execs = || {
         runc_verbs(bin.path())
-    );
+            .iter()
+            .filter(|v| *v == "exec")
+            .count()
+    };
+    assert_eq!(runc_execs(), 1, "the seccomp container's exec went to runc");
+
+    // A handler with exec_with_runtime sends even a plain exec to runc.
+    let mut marked = pod_on(&crius, host_network_pod_config("runc-exec"), "counted-exec").await;
+    let plain = marked
+        .run(container("plain", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (out, _, code) = marked
+        .exec(&plain, &["echo", "by runc"], 10)
+        .await
+        .expect("exec");
+    assert_eq!((out.as_str(), code), ("by runc\n", 0));
+    assert_eq!(runc_execs(), 2, "exec_with_runtime sent the exec to runc");
+    marked.remove_pod().await;
     pod.remove_pod().await;
 }

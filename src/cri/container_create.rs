@@ -383,9 +383,12 @@ impl CriService {
             },
             systemd_cgroup: new.runtime.options.systemd_cgroup,
             oom_score_adj: self.container_oom_score_adj(config),
-            passthrough_annotations: oci::passthrough_annotations(
-                &config.annotations,
-                &new.runtime.container_annotations,
+            passthrough_annotations: container_marks(
+                oci::passthrough_annotations(
+                    &config.annotations,
+                    &new.runtime.container_annotations,
+                ),
+                &new.runtime,
             ),
             hostname: &super::sandbox::pod_hostname(&sandbox.config),
             declared_volumes: &rootfs.volumes,
@@ -691,6 +694,21 @@ async fn persist_new_container(
     .map_err(|e| Status::internal(format!("persisting the container: {e}")))?
 }
 
+/// The container's pass-through annotations with the marks crius's shim reads from the
+/// handler: `exec_with_runtime` sends every exec to the OCI runtime.
+fn container_marks(
+    mut annotations: HashMap<String, String>,
+    runtime: &RuntimeConfig,
+) -> HashMap<String, String> {
+    if runtime.exec_with_runtime {
+        annotations.insert(
+            oci::annotations::EXEC_WITH_RUNTIME.to_string(),
+            "true".to_string(),
+        );
+    }
+    annotations
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -703,5 +721,24 @@ mod tests {
             let err = check_log_path(bad).unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_handler_that_execs_with_its_runtime_marks_its_containers() {
+        let passed = HashMap::from([("a".to_string(), "b".to_string())]);
+        let plain = container_marks(passed.clone(), &RuntimeConfig::default());
+        assert_eq!(plain, passed);
+        let runtime = RuntimeConfig {
+            exec_with_runtime: true,
+            ..RuntimeConfig::default()
+        };
+        let marked = container_marks(passed, &runtime);
+        assert_eq!(
+            marked
+                .get(oci::annotations::EXEC_WITH_RUNTIME)
+                .map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(marked.get("a").map(String::as_str), Some("b"));
     }
 }

@@ -13,3 +13,8 @@ pub const IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
 /// crius's mark on a sandbox spec its shim holds without a pause container; never passed
 /// through from a pod's or container's annotations.
 pub const SANDBOX_HOLDER: &str = "io.crius.sandbox-holder";
+/// crius's mark on a container spec whose execs its shim leaves to the OCI runtime (the
+/// handler's `exec_with_runtime`); never passed through either.
+pub const EXEC_WITH_RUNTIME: &str = "io.crius.exec-with-runtime";
+/// The marks only crius sets.
+pub const CRIUS_MARKS: [&str; 2] = [SANDBOX_HOLDER, EXEC_WITH_RUNTIME];

@@ -361,7 +361,7 @@ pub fn passthrough_annotations(
     annotations
         .iter()
         .filter(|(key, _)| patterns.iter().any(|p| glob_match(p, key)))
-        .filter(|(key, _)| key.as_str() != annotations::SANDBOX_HOLDER)
+        .filter(|(key, _)| !annotations::CRIUS_MARKS.contains(&key.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -415,9 +415,13 @@ mod tests {
     }
 
     #[test]
-    fn the_holder_mark_is_never_passed_through() {
+    fn crius_marks_are_never_passed_through() {
         let annotations = HashMap::from([
             (annotations::SANDBOX_HOLDER.to_string(), "true".to_string()),
+            (
+                annotations::EXEC_WITH_RUNTIME.to_string(),
+                "true".to_string(),
+            ),
             ("io.crius.other".to_string(), "x".to_string()),
         ]);
         let passed = passthrough_annotations(&annotations, &["*".to_string()]);

@@ -26,8 +26,10 @@ use super::spec::{CapSets, ExecProcess};
 pub const ACTION: &str = "exec-helper";
 /// The helper's descriptor of a pidfd of the container's init.
 pub const INIT_PIDFD: RawFd = 3;
-/// The most of a spec, passwd or cgroup file the helper reads.
-const MAX_FILE: u64 = 4 << 20;
+/// The most of a process spec or a /proc file the helper reads.
+const MAX_FILE: u64 = 16 << 20;
+/// runc's words for an exec into a container whose init is gone.
+const STOPPED: &str = "exec failed: cannot exec in a stopped container";
 /// The most of the child's failure report the helper reads.
 const MAX_REPORT: u64 = 64 * 1024;
 
@@ -192,7 +194,7 @@ fn pidfd_pid(fd: RawFd) -> Result<i32, String> {
         .find_map(|line| line.strip_prefix("Pid:"))
         .and_then(|pid| pid.trim().parse().ok())
         .filter(|pid: &i32| *pid > 0)
-        .ok_or_else(|| "exec failed: the container's init has exited".to_string())
+        .ok_or_else(|| STOPPED.to_string())
 }
 
 fn ensure_alive(init: &OwnedFd) -> Result<(), String> {
@@ -207,7 +209,7 @@ fn ensure_alive(init: &OwnedFd) -> Result<(), String> {
         )
     };
     if sent != 0 {
-        return Err("exec failed: the container's init has exited".to_string());
+        return Err(STOPPED.to_string());
     }
     Ok(())
 }
@@ -240,7 +242,11 @@ fn join_namespaces(init: &OwnedFd) -> Result<(), String> {
         | CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWCGROUP;
-    nix::sched::setns(init, all).map_err(|e| format!("exec failed: join the namespaces: {e}"))
+    nix::sched::setns(init, all).map_err(|e| match e {
+        // An init that exited (a zombie still) has no namespaces left to join.
+        nix::errno::Errno::ESRCH => STOPPED.to_string(),
+        e => format!("exec failed: join the namespaces: {e}"),
+    })
 }
 
 /// Joins the container's session keyring, as runc does, so the process does not get the

@@ -21,9 +21,18 @@ use crate::container::BundleSpec;
 use crate::reaper::Reaper;
 use crate::runc::{ProcessStdio, Runc, RuncError};
 
+/// crius's mark on a container whose handler sends every exec to runc
+/// (`exec_with_runtime`).
+pub const EXEC_WITH_RUNTIME: &str = "io.crius.exec-with-runtime";
+
 /// Whether the shim may run this container's execs itself, from its spec and runtime.
 pub fn container_allows(spec: &BundleSpec, runc: &Runc) -> bool {
-    runc.is_runc() && !runc.systemd_cgroup && spec.plain_for_exec() && kernel_has_pidfd_setns()
+    let marked = spec.annotations.get(EXEC_WITH_RUNTIME).map(String::as_str) == Some("true");
+    !marked
+        && runc.is_runc()
+        && !runc.systemd_cgroup
+        && spec.plain_for_exec()
+        && kernel_has_pidfd_setns()
 }
 
 /// Linux 5.8 joins a process's namespaces through its pidfd.
@@ -59,8 +68,11 @@ pub async fn exec(
         verb: "exec",
         message,
     };
-    let init = pidfd_open(init_pid)
-        .map_err(|e| failed(format!("container {container_id} is not running: {e}")))?;
+    let init = pidfd_open(init_pid).map_err(|e| {
+        failed(format!(
+            "exec failed: cannot exec in a stopped container ({container_id}: {e})"
+        ))
+    })?;
     let binary = tokio::task::spawn_blocking(sealed_copy_of_self)
         .await
         .map_err(|e| failed(format!("copy the shim binary: {e}")))?
@@ -135,6 +147,35 @@ fn sealed_copy_of_self() -> std::io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_of_runc_without_what_only_runc_does_allows_the_shims_exec() {
+        let runc = crate::runc::runc_for(&Default::default(), "k8s.io", Path::new("/b"));
+        let spec = |json: &str| -> BundleSpec { serde_json::from_str(json).expect("spec") };
+        let plain = spec(r#"{"linux":{"namespaces":[{"type":"pid"},{"type":"mount"}]}}"#);
+        assert!(container_allows(&plain, &runc));
+        let crun = crate::runc::runc_for(
+            &crate::runc::RuncOptions {
+                binary: "crun".into(),
+                ..Default::default()
+            },
+            "k8s.io",
+            Path::new("/b"),
+        );
+        assert!(!container_allows(&plain, &crun));
+        for json in [
+            r#"{"annotations":{"io.crius.exec-with-runtime":"true"}}"#,
+            r#"{"linux":{"seccomp":{"defaultAction":"SCMP_ACT_ERRNO"}}}"#,
+            r#"{"linux":{"namespaces":[{"type":"user"}]}}"#,
+            r#"{"linux":{"namespaces":[{"type":"time"}]}}"#,
+            r#"{"linux":{"personality":{"domain":"LINUX32"}}}"#,
+            r#"{"linux":{"intelRdt":{"closID":"x"}}}"#,
+            r#"{"linux":{"mountLabel":"system_u:object_r:container_file_t:s0"}}"#,
+            r#"{"linux":{"uidMappings":[{"containerID":0,"hostID":1000,"size":1}]}}"#,
+        ] {
+            assert!(!container_allows(&spec(json), &runc), "{json}");
+        }
+    }
 
     #[test]
     fn kernel_releases_compare_by_major_and_minor() {
