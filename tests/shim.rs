@@ -741,6 +741,13 @@ async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
         .await
         .expect("exit 7");
     assert_eq!(code, 7);
+    // As with runc, the user owns its stdio: it can reopen it by name.
+    let reopen = "echo out > /dev/stdout; echo err > /dev/stderr";
+    let (out, err, code) = pod
+        .exec(&id, &["sh", "-c", reopen], 10)
+        .await
+        .expect("reopen stdio");
+    assert_eq!((out.as_str(), err.as_str(), code), ("out\n", "err\n", 0));
     let missing = pod
         .exec(&id, &["no-such-program"], 10)
         .await

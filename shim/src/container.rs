@@ -24,8 +24,9 @@ pub struct Container {
     pub poststart_hooks: bool,
     /// A pod sandbox the shim holds (`held.rs`): its init is the pod's holder, not runc's.
     pub held_pod: bool,
-    /// The shim runs its execs itself when their specs allow (`direct_exec`).
-    pub direct_exec: bool,
+    /// What the shim's own exec needs of the container (`direct_exec`); unset: every
+    /// exec goes to runc.
+    pub exec_target: std::sync::OnceLock<crate::direct_exec::ExecTarget>,
     /// The init's cgroup, found at create (a pid can be reused after the init exits).
     pub cgroup: Option<cgroups_rs::fs::Cgroup>,
     /// Held by every runtime command on the container itself (start, kill, delete, pause,
@@ -66,7 +67,7 @@ impl Container {
             own_pid_namespace: facts.own_pid_namespace,
             poststart_hooks: facts.poststart_hooks,
             held_pod: facts.held_pod,
-            direct_exec: facts.direct_exec,
+            exec_target: std::sync::OnceLock::new(),
             cgroup,
             ops: tokio::sync::Mutex::new(()),
             execs: Mutex::new(HashMap::new()),
@@ -174,14 +175,21 @@ pub struct SpecFacts {
     pub poststart_hooks: bool,
     /// The shim holds the pod itself (see `held.rs`).
     pub held_pod: bool,
-    /// The shim runs the container's execs itself (see `direct_exec`).
-    pub direct_exec: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub struct ProcessSpec {
     #[serde(default, rename = "oomScoreAdj")]
     pub oom_score_adj: Option<i32>,
+    /// What an exec without its own gets from the container (runc's rule).
+    #[serde(default)]
+    pub capabilities: Option<serde_json::Value>,
+    #[serde(default)]
+    pub rlimits: Option<serde_json::Value>,
+    #[serde(default, rename = "apparmorProfile")]
+    pub apparmor_profile: String,
+    #[serde(default, rename = "selinuxLabel")]
+    pub selinux_label: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -246,13 +254,20 @@ impl BundleSpec {
             own_pid_namespace: self.own_pid_namespace(),
             poststart_hooks: self.hooks.as_ref().is_some_and(|h| !h.poststart.is_empty()),
             held_pod: false,
-            direct_exec: false,
         }
     }
 
     /// Whether the container has nothing an exec into it needs runc for: no seccomp
-    /// filter, user or time namespace, personality, Intel RDT or SELinux mount label.
+    /// filter, user or time namespace, personality, Intel RDT, AppArmor profile or SELinux
+    /// label (runc gives an exec the container's when its own spec has none).
     pub fn plain_for_exec(&self) -> bool {
+        let labelled = self
+            .process
+            .as_ref()
+            .is_some_and(|p| !p.apparmor_profile.is_empty() || !p.selinux_label.is_empty());
+        if labelled {
+            return false;
+        }
         let Some(linux) = &self.linux else {
             return true;
         };

@@ -9,6 +9,7 @@ use containerd_shim_protos::api::Mount;
 use containerd_shim_protos::events::task::{TaskCreate, TaskIO, TaskOOM};
 
 use crate::container::{BundleSpec, Container, SpecFacts};
+use crate::direct_exec::{ExecDefaults, ExecTarget};
 use crate::error::ShimError;
 use crate::events::topic;
 use crate::held::HeldPod;
@@ -54,7 +55,8 @@ impl Shim {
         if let Some(held) = HeldPod::from_spec(&id, &spec)? {
             return self.create_held(id, bundle, runc, stdio, held, &spec).await;
         }
-        let (facts, rootfs) = prepare_bundle(&bundle, &runc, rootfs, self.pod(), spec).await?;
+        let (facts, rootfs, exec_defaults) =
+            prepare_bundle(&bundle, &runc, rootfs, self.pod(), spec).await?;
 
         // Exits of the new init are kept from here until its pid is registered.
         let starting = self.begin_starting();
@@ -86,6 +88,14 @@ impl Shim {
         ));
         if checkpoint.is_some() {
             container.mark_restored();
+        }
+        if let Some(defaults) = exec_defaults {
+            match ExecTarget::open(pid, defaults) {
+                Ok(target) => {
+                    let _ = container.exec_target.set(target);
+                }
+                Err(e) => log::warn!("execs in {id} go to runc: no pidfd of its init: {e}"),
+            }
         }
         self.add_container(container.clone());
         self.watch_oom(&container, pid);
@@ -182,7 +192,6 @@ impl Shim {
             own_pid_namespace: spec.own_pid_namespace(),
             poststart_hooks: false,
             held_pod: true,
-            direct_exec: false,
         };
         let starting = self.begin_starting();
         let dir = bundle.clone();
@@ -238,7 +247,7 @@ async fn prepare_bundle(
     mounts: Vec<Mount>,
     pod: Option<Arc<Pod>>,
     spec: BundleSpec,
-) -> Result<(SpecFacts, Option<PathBuf>), ShimError> {
+) -> Result<(SpecFacts, Option<PathBuf>, Option<ExecDefaults>), ShimError> {
     let bundle = bundle.to_path_buf();
     let runc = runc.clone();
     tokio::task::spawn_blocking(move || {
@@ -249,9 +258,9 @@ async fn prepare_bundle(
         }
         crate::bundle::save_runc(&bundle, &runc)?;
         let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts, userns.as_deref())?;
-        let mut facts = spec.facts();
-        facts.direct_exec = crate::direct_exec::container_allows(&spec, &runc);
-        Ok((facts, rootfs))
+        let exec_defaults = crate::direct_exec::container_allows(&spec, &runc)
+            .then(|| crate::direct_exec::ExecDefaults::of(&spec));
+        Ok((spec.facts(), rootfs, exec_defaults))
     })
     .await
     .map_err(|e| ShimError::Internal(format!("prepare bundle: {e}")))?

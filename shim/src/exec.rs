@@ -120,12 +120,21 @@ impl Shim {
             .ok_or_else(|| ShimError::Internal("exec without a process spec".into()))?;
         let pid_file = spec_file.with_extension("pid");
         let (process_stdio, io, console) = prepare_stdio(&process.stdio)?;
-        if container.direct_exec && process.direct_exec && console.is_none() {
+        let direct = match container.exec_target.get() {
+            Some(target) if process.direct_exec && console.is_none() => {
+                crate::direct_exec::prepare(target)
+                    .await
+                    .map_err(|e| log::warn!("exec in {} goes to runc: {e}", container.id))
+                    .ok()
+            }
+            _ => None,
+        };
+        if let Some(prepared) = direct {
             crate::direct_exec::exec(
                 &self.reaper,
                 &container.runc,
                 &container.id,
-                container.init.pid(),
+                prepared,
                 &spec_file,
                 &pid_file,
                 process_stdio,
@@ -174,14 +183,23 @@ impl Shim {
         }
         let spec: serde_json::Value = serde_json::from_slice(spec)
             .map_err(|e| ShimError::InvalidArgument(format!("exec process spec: {e}")))?;
-        if !spec.is_object() {
+        let serde_json::Value::Object(mut spec) = spec else {
             return Err(ShimError::InvalidArgument(
                 "exec process spec is not an object".into(),
             ));
-        }
-        let direct = container.direct_exec
-            && crate::direct_exec::spec::ExecProcess::deserialize(&spec)
+        };
+        // For the shim's own exec the spec gets what runc would take from the container.
+        let direct = container.exec_target.get().is_some_and(|target| {
+            let mut completed = spec.clone();
+            target.defaults.apply(&mut completed);
+            let fits = crate::direct_exec::spec::ExecProcess::deserialize(&completed)
                 .is_ok_and(|p| p.needs_runc().is_none());
+            if fits {
+                spec = completed;
+            }
+            fits
+        });
+        let spec = serde_json::Value::Object(spec);
         // Named by a counter, not by the exec id, which is the client's text.
         let n = self.exec_files.fetch_add(1, Ordering::Relaxed);
         let spec_file = container.bundle.join(format!("exec-{n}.json"));

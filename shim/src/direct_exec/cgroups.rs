@@ -65,14 +65,23 @@ pub fn init_cgroups(proc_cgroup: &str, mountinfo: &str) -> Result<InitCgroups, S
             return Err(format!("unusable cgroup path {path:?}"));
         }
         let wanted: Vec<&str> = controllers.split(',').filter(|c| !c.is_empty()).collect();
-        let mount = mounts.iter().find(|m| match &m.options {
-            None => wanted.is_empty(),
-            Some(options) => !wanted.is_empty() && wanted.iter().all(|c| options.contains(c)),
+        let shown = mounts.iter().find_map(|m| {
+            let serves = match &m.options {
+                None => wanted.is_empty(),
+                Some(options) => !wanted.is_empty() && wanted.iter().all(|c| options.contains(c)),
+            };
+            serves
+                .then(|| below_root(path, m.root))
+                .flatten()
+                .map(|below| (m, below))
         });
-        // A hierarchy not mounted here (a named one of another manager) is not runc's.
-        let Some(mount) = mount else { continue };
-        let Some(below) = below_root(path, mount.root) else {
-            continue;
+        let Some((mount, below)) = shown else {
+            // A named hierarchy of another manager is not runc's to join; a controller's
+            // (or the unified one) left out would let the exec escape its limits.
+            if wanted.iter().all(|c| c.starts_with("name=")) && !wanted.is_empty() {
+                continue;
+            }
+            return Err(format!("the init's cgroup {line:?} is not mounted here"));
         };
         let dir = PathBuf::from(mount.point).join(below);
         if wanted.contains(&"freezer") {
@@ -103,11 +112,10 @@ impl InitCgroups {
             return std::fs::read_to_string(freezer.join("freezer.state"))
                 .is_ok_and(|state| state.trim() != "THAWED");
         }
-        match (&self.unified, self.dirs.len()) {
-            (Some(unified), 1) => std::fs::read_to_string(unified.join("cgroup.freeze"))
-                .is_ok_and(|freeze| freeze.trim() == "1"),
-            _ => false,
-        }
+        self.unified.as_ref().is_some_and(|unified| {
+            std::fs::read_to_string(unified.join("cgroup.freeze"))
+                .is_ok_and(|freeze| freeze.trim() == "1")
+        })
     }
 }
 
@@ -130,7 +138,7 @@ mod tests {
 9:name=systemd:/k8s/c1
 6:freezer:/k8s/c1
 2:cpu,cpuacct:/k8s/c1
-3:rdma:/k8s/c1
+9:name=other:/k8s/c1
 0::/k8s/c1
 ";
         let found = init_cgroups(proc_cgroup, HYBRID).expect("cgroups");
@@ -154,6 +162,15 @@ mod tests {
         let found = init_cgroups("0::/pods/c2\n", mountinfo).expect("cgroups");
         assert_eq!(found.dirs, [PathBuf::from("/sys/fs/cgroup/pods/c2")]);
         assert_eq!(found.freezer, None);
+    }
+
+    #[test]
+    fn a_controller_that_is_not_mounted_here_is_refused() {
+        let err = init_cgroups("3:rdma:/k8s/c1\n", HYBRID).expect_err("no rdma mount");
+        assert!(err.contains("rdma"), "{err}");
+        // A bind-mounted subtree that does not show the path is no mount of it either.
+        let sub = "30 1 0:26 /other /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert!(init_cgroups("0::/k8s/c1\n", sub).is_err());
     }
 
     #[test]

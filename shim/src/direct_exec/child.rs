@@ -4,6 +4,7 @@
 
 use std::ffi::CString;
 use std::io::Read;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use nix::unistd::{Gid, Uid};
@@ -14,8 +15,17 @@ use super::spec::{CapSets, ExecProcess, home_of, rlimit_resource};
 /// The most of the container's /etc/passwd read for the user's home.
 const MAX_PASSWD: u64 = 4 << 20;
 
-/// Becomes the process and execs its program; returns only why it could not.
-pub fn become_process(process: &ExecProcess, caps: CapSets, last_cap: u32) -> String {
+/// Becomes the process and execs its program; returns only why it could not. `report` is
+/// the one descriptor beyond stdio it keeps (close-on-exec) to say so.
+pub fn become_process(
+    process: &ExecProcess,
+    caps: CapSets,
+    last_cap: u32,
+    report: &impl AsRawFd,
+) -> String {
+    if let Err(why) = close_all_but_stdio_and(report.as_raw_fd()) {
+        return why;
+    }
     match prepare(process, caps, last_cap) {
         Ok((program, args, env)) => {
             let Err(e) = nix::unistd::execve(&program, &args, &env);
@@ -45,13 +55,15 @@ fn prepare(process: &ExecProcess, caps: CapSets, last_cap: u32) -> Result<Progra
         Err(e) => return Err(chdir_failure(&process.cwd, e)),
     };
     drop_bounding_set(caps.bounding, last_cap)?;
+    give_stdio_to(process.user.uid)?;
     become_user(process)?;
+    // A changed user makes the process dumpable again (as `fs.suid_dumpable` says): it is
+    // the shim's until its exec, not the container's to trace.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("prctl: {e}"))?;
     if !in_cwd {
         nix::unistd::chdir(process.cwd.as_str()).map_err(|e| chdir_failure(&process.cwd, e))?;
     }
     set_capabilities(caps)?;
-    let umask = process.user.umask.unwrap_or(0o022) & 0o777;
-    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
     // Read as the process itself: an /etc/passwd that links elsewhere (a host-PID
     // container's /proc) gets nothing the process could not read on its own.
     let home = home_of(&read_passwd(), process.user.uid);
@@ -61,7 +73,6 @@ fn prepare(process: &ExecProcess, caps: CapSets, last_cap: u32) -> Result<Progra
         .find_map(|e| e.strip_prefix("PATH="))
         .map(str::to_string);
     let program = look_path(&process.args[0], path.as_deref())?;
-    mark_descriptors_close_on_exec();
     let c = |s: &str| CString::new(s).map_err(|_| "a NUL byte in the process".to_string());
     let args = process
         .args
@@ -214,9 +225,50 @@ fn set_capabilities(caps: CapSets) -> Result<(), String> {
     Ok(())
 }
 
-/// Nothing the helper inherited reaches the program (the report pipe closes on exec too).
-fn mark_descriptors_close_on_exec() {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
-    // SAFETY: marks descriptors from 3 up close-on-exec; frees nothing.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+/// Closes every descriptor the helper had but stdio and `keep`: nothing of the host stays
+/// open while the process is in the container (`keep` closes on exec).
+fn close_all_but_stdio_and(keep: RawFd) -> Result<(), String> {
+    let keep = u32::try_from(keep).map_err(|_| "report descriptor")?;
+    let ranges = [(3, keep.checked_sub(1)), (keep + 1, Some(u32::MAX))];
+    for (first, last) in ranges {
+        let Some(last) = last.filter(|last| *last >= first) else {
+            continue;
+        };
+        // SAFETY: closes descriptors this process no longer uses; no Rust value owns them
+        // past this point (the child only exits or execs after it).
+        if unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) } != 0 {
+            return Err(format!(
+                "close the helper's descriptors: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Makes the user the owner of stdio, as runc does, so it can reopen `/dev/stdout`;
+/// `/dev/null` and descriptors whose owner cannot change are left as they are.
+fn give_stdio_to(uid: u32) -> Result<(), String> {
+    let null = nix::sys::stat::stat("/dev/null").ok().map(|s| s.st_rdev);
+    for fd in 0..=2 {
+        // SAFETY: stdio stays open for the life of the process.
+        let stdio = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let Ok(stat) = nix::sys::stat::fstat(stdio) else {
+            continue;
+        };
+        if Some(stat.st_rdev) == null && stat.st_mode & libc::S_IFMT == libc::S_IFCHR {
+            continue;
+        }
+        // SAFETY: fchown on one of this process's stdio descriptors.
+        if unsafe { libc::fchown(fd, uid, stat.st_gid) } != 0 {
+            let error = std::io::Error::last_os_error();
+            if !matches!(
+                error.raw_os_error(),
+                Some(libc::EINVAL | libc::EPERM | libc::EROFS)
+            ) {
+                return Err(format!("fix stdio permissions: {error}"));
+            }
+        }
+    }
+    Ok(())
 }

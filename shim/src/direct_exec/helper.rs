@@ -101,6 +101,9 @@ fn execute(args: &HelperArgs) -> Result<(), String> {
     let caps = process
         .cap_sets()
         .ok_or("exec failed: unknown capability")?;
+    let last_cap = last_capability()?;
+    // Capabilities this kernel does not have are left out, as runc does.
+    let caps = caps.known_to(last_cap);
     // SAFETY: the shim hands the helper this descriptor, and nothing else owns it.
     let init = unsafe { OwnedFd::from_raw_fd(INIT_PIDFD) };
     let init_pid = pidfd_pid(INIT_PIDFD)?;
@@ -122,7 +125,6 @@ fn execute(args: &HelperArgs) -> Result<(), String> {
         std::fs::write("/proc/self/oom_score_adj", adj.to_string())
             .map_err(|e| format!("exec failed: set oom_score_adj: {e}"))?;
     }
-    let last_cap = last_capability()?;
     let pid_file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -151,7 +153,8 @@ fn fork_process(
         Err(e) => Err(format!("exec failed: fork: {e}")),
         Ok(ForkResult::Child) => {
             drop(report_read);
-            let why = super::child::become_process(process, caps, last_cap);
+            drop(pid_file);
+            let why = super::child::become_process(process, caps, last_cap, &report_write);
             let mut report = File::from(report_write);
             let _ = report.write_all(why.as_bytes());
             // SAFETY: ends the child without running the parent's exit handlers twice.
@@ -159,9 +162,12 @@ fn fork_process(
         }
         Ok(ForkResult::Parent { child }) => {
             drop(report_write);
-            pid_file
-                .write_all(child.as_raw().to_string().as_bytes())
-                .map_err(|e| format!("exec failed: write the pid file: {e}"))?;
+            if let Err(e) = pid_file.write_all(child.as_raw().to_string().as_bytes()) {
+                // Untracked, the process must not run.
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::wait::waitpid(child, None);
+                return Err(format!("exec failed: write the pid file: {e}"));
+            }
             let mut why = String::new();
             let _ = File::from(report_read)
                 .take(MAX_REPORT)

@@ -3,8 +3,8 @@
 //! copy in memory) rather than `runc exec`, which starts two Go programs (`runc` and `runc
 //! init`) and takes most of an exec probe's time. Anything else goes to runc as before: a
 //! terminal, an LSM label, seccomp, a user or time namespace, a personality, Intel RDT,
-//! systemd cgroups, a runtime other than runc, a kernel older than 5.8 (no `setns` on a
-//! pidfd).
+//! systemd cgroups, a runtime other than runc, a kernel older than 5.11 (`setns` on a
+//! pidfd came in 5.8, `close_range` marking close-on-exec in 5.11).
 
 mod cgroups;
 mod child;
@@ -32,16 +32,17 @@ pub fn container_allows(spec: &BundleSpec, runc: &Runc) -> bool {
         && runc.is_runc()
         && !runc.systemd_cgroup
         && spec.plain_for_exec()
-        && kernel_has_pidfd_setns()
+        && kernel_is_recent_enough()
 }
 
-/// Linux 5.8 joins a process's namespaces through its pidfd.
-fn kernel_has_pidfd_setns() -> bool {
+/// Linux 5.8 joins a process's namespaces through its pidfd, and 5.11 marks a range of
+/// descriptors close-on-exec.
+fn kernel_is_recent_enough() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SUPPORTED.get_or_init(|| {
         nix::sys::utsname::uname()
             .ok()
-            .and_then(|u| release_at_least(&u.release().to_string_lossy(), (5, 8)))
+            .and_then(|u| release_at_least(&u.release().to_string_lossy(), (5, 11)))
             .unwrap_or(false)
     })
 }
@@ -53,30 +54,91 @@ fn release_at_least(release: &str, wanted: (u32, u32)) -> Option<bool> {
     Some((major, minor) >= wanted)
 }
 
+/// What runc gives an exec from the container's own process when the exec's spec has
+/// none: its capabilities and rlimits; and always the container's OOM score.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ExecDefaults {
+    capabilities: Option<serde_json::Value>,
+    rlimits: Option<serde_json::Value>,
+    oom_score_adj: Option<i32>,
+}
+
+impl ExecDefaults {
+    pub fn of(spec: &BundleSpec) -> Self {
+        let process = spec.process.as_ref();
+        Self {
+            capabilities: process.and_then(|p| p.capabilities.clone()),
+            rlimits: process.and_then(|p| p.rlimits.clone()),
+            oom_score_adj: process.and_then(|p| p.oom_score_adj),
+        }
+    }
+
+    /// The exec's process spec as runc would run it in this container.
+    pub fn apply(&self, process: &mut serde_json::Map<String, serde_json::Value>) {
+        let missing = |v: Option<&serde_json::Value>| {
+            v.is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
+        };
+        if missing(process.get("capabilities"))
+            && let Some(caps) = &self.capabilities
+        {
+            process.insert("capabilities".into(), caps.clone());
+        }
+        if missing(process.get("rlimits"))
+            && let Some(rlimits) = &self.rlimits
+        {
+            process.insert("rlimits".into(), rlimits.clone());
+        }
+        match self.oom_score_adj {
+            Some(adj) => process.insert("oomScoreAdj".into(), adj.into()),
+            None => process.remove("oomScoreAdj"),
+        };
+    }
+}
+
+/// What the shim's exec needs of a container: a pidfd of its init, taken at create (so a
+/// pid reused after the init ends is never joined), and its process's defaults.
+#[derive(Debug)]
+pub struct ExecTarget {
+    init: OwnedFd,
+    pub defaults: ExecDefaults,
+}
+
+impl ExecTarget {
+    pub fn open(init_pid: i32, defaults: ExecDefaults) -> std::io::Result<Self> {
+        Ok(Self {
+            init: pidfd_open(init_pid)?,
+            defaults,
+        })
+    }
+}
+
+/// What the helper runs from: its own pidfd of the init and the sealed copy.
+pub struct Prepared {
+    init: OwnedFd,
+    binary: OwnedFd,
+}
+
+/// Gets an exec ready to run through the helper (off the async threads: it copies the
+/// binary). An error here means runc should run it instead.
+pub async fn prepare(target: &ExecTarget) -> std::io::Result<Prepared> {
+    let init = target.init.try_clone()?;
+    let binary = tokio::task::spawn_blocking(sealed_copy_of_self)
+        .await
+        .map_err(std::io::Error::other)??;
+    Ok(Prepared { init, binary })
+}
+
 /// Runs an exec as `runc exec --detach --pid-file` does, through the helper: the process
 /// runs when this returns, its pid in `pid_file`.
 pub async fn exec(
     reaper: &Reaper,
     runc: &Runc,
     container_id: &str,
-    init_pid: i32,
+    prepared: Prepared,
     process_file: &Path,
     pid_file: &Path,
     stdio: ProcessStdio,
 ) -> Result<(), RuncError> {
-    let failed = |message: String| RuncError::Failed {
-        verb: "exec",
-        message,
-    };
-    let init = pidfd_open(init_pid).map_err(|e| {
-        failed(format!(
-            "exec failed: cannot exec in a stopped container ({container_id}: {e})"
-        ))
-    })?;
-    let binary = tokio::task::spawn_blocking(sealed_copy_of_self)
-        .await
-        .map_err(|e| failed(format!("copy the shim binary: {e}")))?
-        .map_err(|e| failed(format!("copy the shim binary: {e}")))?;
     let args = helper::HelperArgs {
         process: process_file.to_path_buf(),
         pid_file: pid_file.to_path_buf(),
@@ -87,6 +149,7 @@ pub async fn exec(
             format!("_ses.{container_id}")
         },
     };
+    let Prepared { init, binary } = prepared;
     let mut command = Command::new(format!("/proc/self/fd/{}", binary.as_raw_fd()));
     command
         .arg0("containerd-shim-crius-v2")
@@ -121,13 +184,22 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// `MFD_EXEC` (Linux 6.3): an executable memfd where `vm.memfd_noexec` would refuse one.
+const MFD_EXEC: libc::c_uint = 0x10;
+/// The lowest descriptor the copy may have: below it sits the helper's pidfd.
+const LOWEST_BINARY_FD: libc::c_int = 10;
+
 /// The running shim binary copied into a sealed memfd (no writes, no resizing), from
 /// which the helper runs.
 fn sealed_copy_of_self() -> std::io::Result<OwnedFd> {
     let name = c"containerd-shim-crius-v2";
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: memfd_create reads the name and returns a new descriptor or -1.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | MFD_EXEC) };
+    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // SAFETY: as above, on a kernel that knows no MFD_EXEC.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    }
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -141,7 +213,14 @@ fn sealed_copy_of_self() -> std::io::Result<OwnedFd> {
     if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(OwnedFd::from(copy))
+    // Out of the way of the pidfd the helper gets as descriptor 3.
+    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor or -1.
+    let moved = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_DUPFD_CLOEXEC, LOWEST_BINARY_FD) };
+    if moved < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just made and owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
 
 #[cfg(test)]
@@ -172,15 +251,44 @@ mod tests {
             r#"{"linux":{"intelRdt":{"closID":"x"}}}"#,
             r#"{"linux":{"mountLabel":"system_u:object_r:container_file_t:s0"}}"#,
             r#"{"linux":{"uidMappings":[{"containerID":0,"hostID":1000,"size":1}]}}"#,
+            r#"{"process":{"apparmorProfile":"cri-containerd.apparmor.d"}}"#,
+            r#"{"process":{"selinuxLabel":"system_u:system_r:container_t:s0"}}"#,
         ] {
             assert!(!container_allows(&spec(json), &runc), "{json}");
         }
     }
 
     #[test]
+    fn an_exec_gets_the_containers_capabilities_rlimits_and_oom_score_as_from_runc() {
+        let spec: BundleSpec = serde_json::from_str(
+            r#"{"process":{"oomScoreAdj":5,"capabilities":{"bounding":["CAP_KILL"]},
+                "rlimits":[{"type":"RLIMIT_NOFILE","hard":9,"soft":9}]}}"#,
+        )
+        .expect("spec");
+        let defaults = ExecDefaults::of(&spec);
+        let mut bare = serde_json::json!({"args": ["sh"], "oomScoreAdj": -999, "rlimits": []});
+        let process = bare.as_object_mut().expect("object");
+        defaults.apply(process);
+        assert_eq!(process["oomScoreAdj"], 5);
+        assert_eq!(process["capabilities"]["bounding"][0], "CAP_KILL");
+        assert_eq!(process["rlimits"][0]["hard"], 9);
+        let mut own = serde_json::json!({"capabilities": {"bounding": []}, "rlimits": [
+            {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]});
+        let process = own.as_object_mut().expect("object");
+        defaults.apply(process);
+        assert_eq!(process["capabilities"]["bounding"], serde_json::json!([]));
+        assert_eq!(process["rlimits"][0]["type"], "RLIMIT_CORE");
+        let mut none = serde_json::json!({"oomScoreAdj": 3});
+        let process = none.as_object_mut().expect("object");
+        ExecDefaults::default().apply(process);
+        assert!(!process.contains_key("oomScoreAdj"));
+    }
+
+    #[test]
     fn kernel_releases_compare_by_major_and_minor() {
-        assert_eq!(release_at_least("6.18.0-1-amd64", (5, 8)), Some(true));
-        assert_eq!(release_at_least("5.8.0", (5, 8)), Some(true));
+        assert_eq!(release_at_least("6.18.0-1-amd64", (5, 11)), Some(true));
+        assert_eq!(release_at_least("5.11.0", (5, 11)), Some(true));
+        assert_eq!(release_at_least("5.10.200", (5, 11)), Some(false));
         assert_eq!(release_at_least("5.4.0-150-generic", (5, 8)), Some(false));
         assert_eq!(release_at_least("4.19.0", (5, 8)), Some(false));
         assert_eq!(release_at_least("garbage", (5, 8)), None);

@@ -47,8 +47,9 @@ pub struct User {
     pub uid: u32,
     #[serde(default)]
     pub gid: u32,
-    #[serde(default)]
-    pub umask: Option<u32>,
+    /// runc's exec leaves the umask as it finds it (the shim's): read, not applied.
+    #[serde(default, rename = "umask")]
+    _umask: Option<u32>,
     #[serde(default)]
     pub additional_gids: Vec<u32>,
     #[serde(flatten)]
@@ -85,6 +86,24 @@ pub struct CapSets {
     pub inheritable: u64,
     pub permitted: u64,
     pub ambient: u64,
+}
+
+impl CapSets {
+    /// The sets without capabilities above `last_cap` (ones this kernel does not have).
+    pub fn known_to(self, last_cap: u32) -> Self {
+        let known = if last_cap >= 63 {
+            u64::MAX
+        } else {
+            (1u64 << (last_cap + 1)) - 1
+        };
+        Self {
+            bounding: self.bounding & known,
+            effective: self.effective & known,
+            inheritable: self.inheritable & known,
+            permitted: self.permitted & known,
+            ambient: self.ambient & known,
+        }
+    }
 }
 
 /// The capabilities by name, in the kernel's numbering.
@@ -262,7 +281,7 @@ pub fn home_of(passwd: &str, uid: u32) -> String {
         .filter(|line| !line.starts_with('#'))
         .find_map(|line| {
             let fields: Vec<&str> = line.split(':').collect();
-            (fields.len() >= 7 && fields[2].trim().parse() == Ok(uid))
+            (fields.len() >= 6 && fields[2].trim().parse() == Ok(uid))
                 .then(|| fields[5].to_string())
         })
         .unwrap_or_else(|| "/".to_string())
@@ -342,6 +361,9 @@ mod tests {
         assert_eq!(sets.ambient, 1 << 13);
         assert_eq!(sets.effective, 0);
         assert_eq!(process("{}").cap_sets(), Some(CapSets::default()));
+        let trimmed = sets.known_to(39);
+        assert_eq!(trimmed.bounding, 1 | 1 << 5);
+        assert_eq!(trimmed.ambient, 1 << 13);
         assert_eq!(rlimit_resource("RLIMIT_NOFILE"), Some(libc::RLIMIT_NOFILE));
     }
 
@@ -360,10 +382,10 @@ mod tests {
 
     #[test]
     fn home_comes_from_the_users_passwd_entry() {
-        let passwd =
-            "root:x:0:0:root:/root:/bin/sh\n# note\nbad line\nu:x:1000:1000::/home/u:/bin/sh\n";
+        let passwd = "root:x:0:0:root:/root:/bin/sh\n# note\nbad line\nu:x:1000:1000::/home/u:/bin/sh\nshort:x:5:5::/short\n";
         assert_eq!(home_of(passwd, 0), "/root");
         assert_eq!(home_of(passwd, 1000), "/home/u");
+        assert_eq!(home_of(passwd, 5), "/short");
         assert_eq!(home_of(passwd, 7), "/");
         assert_eq!(home_of("", 0), "/");
     }
