@@ -277,23 +277,6 @@ unsafe fn run_child(plan: &Plan, report: libc::c_int) -> isize {
     }
 }
 
-/// `capset(2)`'s header and per-word data, version 3 (64 capability bits in two words).
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
 /// Shuts the holder in before its exec (raw system calls only): stdio on `/dev/null`, an
 /// empty read-only root in its own mount namespace, no capabilities and no new privileges.
 /// Returns the failed step.
@@ -351,12 +334,7 @@ unsafe fn shut_in(plan: &Plan) -> Result<(), u8> {
         if cap == 0 || *libc::__errno_location() != libc::EINVAL {
             return Err(10);
         }
-        let header = CapHeader {
-            version: LINUX_CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        let data = [CapData::default(); 2];
-        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0
+        if crate::caps::capset(0, 0, 0) != 0
             || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
         {
             return Err(10);

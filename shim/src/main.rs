@@ -4,6 +4,7 @@
 //! through containerd 2.x's sandbox API, it also holds the pod itself (no pause container).
 
 mod bundle;
+mod caps;
 mod container;
 mod control;
 mod create;

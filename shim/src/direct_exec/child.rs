@@ -168,40 +168,8 @@ fn become_user(process: &ExecProcess) -> Result<(), String> {
     nix::sys::prctl::set_keepcaps(false).map_err(|e| format!("keep capabilities: {e}"))
 }
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
 fn set_capabilities(caps: CapSets) -> Result<(), String> {
-    let header = CapHeader {
-        version: CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let split = |mask: u64| [mask as u32, (mask >> 32) as u32];
-    let (e, p, i) = (
-        split(caps.effective),
-        split(caps.permitted),
-        split(caps.inheritable),
-    );
-    let data = [0, 1].map(|n| CapData {
-        effective: e[n],
-        permitted: p[n],
-        inheritable: i[n],
-    });
-    // SAFETY: capset reads the header and two data structs of version 3.
-    if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } != 0 {
+    if crate::caps::capset(caps.effective, caps.permitted, caps.inheritable) != 0 {
         return Err(format!("capset: {}", std::io::Error::last_os_error()));
     }
     for cap in (0..64).filter(|cap| caps.ambient & (1 << cap) != 0) {
