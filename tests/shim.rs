@@ -706,7 +706,8 @@ async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
     let id = pod.run(app).await;
 
     let probe = "grep -E '^(Uid|Gid|Groups|Cap[A-Za-z]+|NoNewPrivs|Seccomp|Umask):' /proc/self/status; \
-        env | sort; pwd; cat /proc/self/cgroup; \
+        env | sort; pwd; cat /proc/self/cgroup; ls /proc/self/fd; \
+        [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = $$ ] && echo session leader; \
         for n in ipc mnt net pid uts cgroup; do readlink /proc/self/ns/$n; done";
     let (direct, err, code) = pod
         .exec(&id, &["sh", "-c", probe], 10)
@@ -725,10 +726,19 @@ async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
         " 3000 \n",
         "CapAmb:\t0000000000000400",
         "NoNewPrivs:\t1",
+        "session leader\n",
         "A=2",
         "/tmp\n",
     ] {
         assert!(direct.contains(expected), "{expected:?} in {direct}");
+    }
+    // Signals as a new process has them (runc, started from this test, inherits its own).
+    let (status, _, _) = pod
+        .exec(&id, &["cat", "/proc/self/status"], 10)
+        .await
+        .expect("status");
+    for line in ["SigBlk:\t0000000000000000\n", "SigIgn:\t0000000000000000\n"] {
+        assert!(status.contains(line), "{line:?} in {status}");
     }
     assert!(
         !runc_verbs(bin.path()).iter().any(|v| v == "exec"),

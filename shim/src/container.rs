@@ -190,6 +190,22 @@ pub struct ProcessSpec {
     pub apparmor_profile: String,
     #[serde(default, rename = "selinuxLabel")]
     pub selinux_label: String,
+    /// What newer runc gives an exec from the container (a umask, a scheduler, an I/O
+    /// priority, a CPU affinity): such a container's execs go to runc.
+    #[serde(default)]
+    pub user: Option<UserSpec>,
+    #[serde(default)]
+    pub scheduler: Option<serde_json::Value>,
+    #[serde(default, rename = "ioPriority")]
+    pub io_priority: Option<serde_json::Value>,
+    #[serde(default, rename = "execCPUAffinity")]
+    pub exec_cpu_affinity: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct UserSpec {
+    #[serde(default)]
+    pub umask: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -214,6 +230,8 @@ pub struct LinuxSpec {
     pub uid_mappings: Vec<serde_json::Value>,
     #[serde(default, rename = "timeOffsets")]
     pub time_offsets: Option<serde_json::Value>,
+    #[serde(default, rename = "memoryPolicy")]
+    pub memory_policy: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -259,13 +277,19 @@ impl BundleSpec {
 
     /// Whether the container has nothing an exec into it needs runc for: no seccomp
     /// filter, user or time namespace, personality, Intel RDT, AppArmor profile or SELinux
-    /// label (runc gives an exec the container's when its own spec has none).
+    /// label (runc gives an exec the container's when its own spec has none), and none of
+    /// what newer runc gives execs from the container (a umask, a scheduler, an I/O
+    /// priority, a CPU affinity, a memory policy).
     pub fn plain_for_exec(&self) -> bool {
-        let labelled = self
-            .process
-            .as_ref()
-            .is_some_and(|p| !p.apparmor_profile.is_empty() || !p.selinux_label.is_empty());
-        if labelled {
+        let runc_only = self.process.as_ref().is_some_and(|p| {
+            !p.apparmor_profile.is_empty()
+                || !p.selinux_label.is_empty()
+                || p.user.as_ref().is_some_and(|u| u.umask.is_some())
+                || p.scheduler.is_some()
+                || p.io_priority.is_some()
+                || p.exec_cpu_affinity.is_some()
+        });
+        if runc_only {
             return false;
         }
         let Some(linux) = &self.linux else {
@@ -278,6 +302,7 @@ impl BundleSpec {
             && linux.mount_label.is_empty()
             && linux.uid_mappings.is_empty()
             && linux.time_offsets.is_none()
+            && linux.memory_policy.is_none()
             && !own_namespace("user")
             && !own_namespace("time")
     }

@@ -91,6 +91,8 @@ impl Shim {
         }
         if let Some(defaults) = exec_defaults {
             match ExecTarget::open(pid, defaults) {
+                // An init reaped already: the pidfd may be of a process that took its pid.
+                Ok(_) if self.exit_kept(pid) => {}
                 Ok(target) => {
                     let _ = container.exec_target.set(target);
                 }

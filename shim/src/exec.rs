@@ -1,5 +1,6 @@
 //! Start (a container's init or an exec) and Exec (an exec's record and process spec).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
@@ -15,7 +16,7 @@ use crate::events::topic;
 use crate::process::{Exit, Process};
 use crate::runc::read_pid_file;
 use crate::shim::Shim;
-use crate::stdio::StdioPaths;
+use crate::stdio::{ProcessIo, StdioPaths};
 
 impl Shim {
     pub async fn start(&self, id: &str, exec_id: &str) -> Result<i32, ShimError> {
@@ -112,13 +113,39 @@ impl Shim {
         }
     }
 
-    /// runc exec, detached, with the stdio the process gets.
+    /// The exec started detached, with the stdio the process gets: by the shim's own
+    /// exec when it can, else (or when its helper declines) by runc.
     async fn run_exec(&self, container: &Container, process: &Process) -> Result<i32, ShimError> {
         let spec_file = process
             .spec_file
             .clone()
             .ok_or_else(|| ShimError::Internal("exec without a process spec".into()))?;
         let pid_file = spec_file.with_extension("pid");
+        let started = self
+            .start_exec_process(container, process, &spec_file, &pid_file)
+            .await;
+        let io = match started {
+            Ok(io) => io,
+            Err(e) => {
+                let _ = std::fs::remove_file(&pid_file);
+                return Err(e);
+            }
+        };
+        let pid = read_pid_file(&pid_file)
+            .map_err(|e| ShimError::io(format!("read {}", pid_file.display()), e))?;
+        let _ = std::fs::remove_file(&pid_file);
+        process.set_created(pid, io);
+        Ok(pid)
+    }
+
+    /// Runs the exec's start command; returns the shim's side of its stdio.
+    async fn start_exec_process(
+        &self,
+        container: &Container,
+        process: &Process,
+        spec_file: &Path,
+        pid_file: &Path,
+    ) -> Result<ProcessIo, ShimError> {
         let (process_stdio, io, console) = prepare_stdio(&process.stdio)?;
         let direct = match container.exec_target.get() {
             Some(target) if process.direct_exec && console.is_none() => {
@@ -129,39 +156,54 @@ impl Shim {
             }
             _ => None,
         };
-        if let Some(prepared) = direct {
-            crate::direct_exec::exec(
-                &self.reaper,
-                &container.runc,
-                &container.id,
-                prepared,
-                &spec_file,
-                &pid_file,
-                process_stdio,
-            )
-            .await?;
-        } else {
+        let Some(prepared) = direct else {
             container
                 .runc
                 .exec(
                     &self.reaper,
                     &container.id,
-                    &spec_file,
-                    &pid_file,
+                    spec_file,
+                    pid_file,
                     console.as_ref().map(|c| c.path()).as_deref(),
                     process_stdio,
                 )
                 .await?;
-        }
-        let pid = read_pid_file(&pid_file)
-            .map_err(|e| ShimError::io(format!("read {}", pid_file.display()), e))?;
-        let _ = std::fs::remove_file(&pid_file);
-        let io = match console {
-            Some(console) => receive_console(console, &process.stdio).await?,
-            None => io,
+            return match console {
+                Some(console) => Ok(receive_console(console, &process.stdio).await?),
+                None => Ok(io),
+            };
         };
-        process.set_created(pid, io);
-        Ok(pid)
+        let ran = crate::direct_exec::exec(
+            &self.reaper,
+            &container.runc,
+            &container.id,
+            prepared,
+            spec_file,
+            pid_file,
+            process_stdio,
+        )
+        .await;
+        match ran {
+            Ok(()) => Ok(io),
+            Err(e) if crate::direct_exec::declined(&e) => {
+                log::warn!("exec in {} goes to runc: {e}", container.id);
+                drop(io);
+                let (process_stdio, io, _) = prepare_stdio(&process.stdio)?;
+                container
+                    .runc
+                    .exec(
+                        &self.reaper,
+                        &container.id,
+                        spec_file,
+                        pid_file,
+                        None,
+                        process_stdio,
+                    )
+                    .await?;
+                Ok(io)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub fn add_exec(

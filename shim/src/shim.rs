@@ -108,6 +108,12 @@ impl Shim {
         Self::take_unclaimed(&mut self.state(), starting, pid)
     }
 
+    /// Whether the reaper has an exit of `pid` that no process claimed yet: a process the
+    /// shim knows by that pid may have ended and the pid been taken by another.
+    pub(crate) fn exit_kept(&self, pid: i32) -> bool {
+        self.state().unclaimed.contains_key(&pid)
+    }
+
     fn take_unclaimed(state: &mut State, starting: &Starting, pid: i32) -> Option<Exit> {
         let unclaimed = state.unclaimed.remove(&pid)?;
         (unclaimed.seen >= starting.began).then_some(unclaimed.exit)

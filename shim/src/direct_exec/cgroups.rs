@@ -76,9 +76,13 @@ pub fn init_cgroups(proc_cgroup: &str, mountinfo: &str) -> Result<InitCgroups, S
                 .map(|below| (m, below))
         });
         let Some((mount, below)) = shown else {
-            // A named hierarchy of another manager is not runc's to join; a controller's
-            // (or the unified one) left out would let the exec escape its limits.
-            if wanted.iter().all(|c| c.starts_with("name=")) && !wanted.is_empty() {
+            // A named hierarchy of another manager is not runc's to join, nor the unified
+            // one of a host that mounts no cgroup2 (its `0::/` line is always there); a
+            // controller's left out would let the exec escape its limits.
+            let named = !wanted.is_empty() && wanted.iter().all(|c| c.starts_with("name="));
+            let unmounted_unified =
+                wanted.is_empty() && !mounts.iter().any(|m| m.options.is_none());
+            if named || unmounted_unified {
                 continue;
             }
             return Err(format!("the init's cgroup {line:?} is not mounted here"));
@@ -162,6 +166,14 @@ mod tests {
         let found = init_cgroups("0::/pods/c2\n", mountinfo).expect("cgroups");
         assert_eq!(found.dirs, [PathBuf::from("/sys/fs/cgroup/pods/c2")]);
         assert_eq!(found.freezer, None);
+    }
+
+    #[test]
+    fn a_v1_host_without_cgroup2_joins_no_unified_hierarchy() {
+        let v1 = "30 25 0:27 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+        let found = init_cgroups("1:cpu:/k8s/c1\n0::/\n", v1).expect("cgroups");
+        assert_eq!(found.dirs, [PathBuf::from("/sys/fs/cgroup/cpu/k8s/c1")]);
+        assert_eq!(found.unified, None);
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub const INIT_PIDFD: RawFd = 3;
 const MAX_FILE: u64 = 16 << 20;
 /// runc's words for an exec into a container whose init is gone.
 const STOPPED: &str = "exec failed: cannot exec in a stopped container";
+/// How the helper's refusals start, before it has touched the container: the shim then
+/// has runc run the exec.
+pub const DECLINED: &str = "the shim's exec declined: ";
+/// What the child writes just before its `execve`: a report without it is of a child that
+/// died before (killed, out of memory), one with more after it of an `execve` that failed.
+pub const EXECS: u8 = b'!';
 /// The most of the child's failure report the helper reads.
 const MAX_REPORT: u64 = 64 * 1024;
 
@@ -96,7 +102,7 @@ fn execute(args: &HelperArgs) -> Result<(), String> {
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("exec failed: prctl: {e}"))?;
     let process = ExecProcess::parse(&read_bounded(&args.process)?)?;
     if let Some(why) = process.needs_runc() {
-        return Err(format!("exec failed: the shim cannot run it ({why})"));
+        return Err(format!("{DECLINED}{why}"));
     }
     let caps = process
         .cap_sets()
@@ -111,7 +117,7 @@ fn execute(args: &HelperArgs) -> Result<(), String> {
         &String::from_utf8_lossy(&read_bounded(format!("/proc/{init_pid}/cgroup"))?),
         &String::from_utf8_lossy(&read_bounded("/proc/self/mountinfo")?),
     )
-    .map_err(|e| format!("exec failed: {e}"))?;
+    .map_err(|e| format!("{DECLINED}{e}"))?;
     // The init read above is the container's, not a process that took its pid since.
     ensure_alive(&init)?;
     if cgroups.frozen() {
@@ -168,13 +174,16 @@ fn fork_process(
                 let _ = nix::sys::wait::waitpid(child, None);
                 return Err(format!("exec failed: write the pid file: {e}"));
             }
-            let mut why = String::new();
+            let mut report = Vec::new();
             let _ = File::from(report_read)
                 .take(MAX_REPORT)
-                .read_to_string(&mut why);
-            if why.is_empty() {
-                return Ok(());
-            }
+                .read_to_end(&mut report);
+            let why = match report.split_first() {
+                Some((&EXECS, [])) => return Ok(()),
+                Some((&EXECS, why)) => String::from_utf8_lossy(why).into_owned(),
+                Some(_) => String::from_utf8_lossy(&report).into_owned(),
+                None => "the process ended before its exec".to_string(),
+            };
             let _ = nix::sys::wait::waitpid(child, None);
             Err(format!(
                 "exec failed: unable to start container process: {why}"

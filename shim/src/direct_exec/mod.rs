@@ -4,7 +4,7 @@
 //! init`) and takes most of an exec probe's time. Anything else goes to runc as before: a
 //! terminal, an LSM label, seccomp, a user or time namespace, a personality, Intel RDT,
 //! systemd cgroups, a runtime other than runc, a kernel older than 5.11 (`setns` on a
-//! pidfd came in 5.8, `close_range` marking close-on-exec in 5.11).
+//! pidfd came in 5.8, `close_range` in 5.9; 5.11 leaves a margin of fixes to both).
 
 mod cgroups;
 mod child;
@@ -27,16 +27,16 @@ pub const EXEC_WITH_RUNTIME: &str = "io.crius.exec-with-runtime";
 
 /// Whether the shim may run this container's execs itself, from its spec and runtime.
 pub fn container_allows(spec: &BundleSpec, runc: &Runc) -> bool {
-    let marked = spec.annotations.get(EXEC_WITH_RUNTIME).map(String::as_str) == Some("true");
-    !marked
-        && runc.is_runc()
-        && !runc.systemd_cgroup
-        && spec.plain_for_exec()
-        && kernel_is_recent_enough()
+    kernel_is_recent_enough() && spec_and_runtime_allow(spec, runc)
 }
 
-/// Linux 5.8 joins a process's namespaces through its pidfd, and 5.11 marks a range of
-/// descriptors close-on-exec.
+fn spec_and_runtime_allow(spec: &BundleSpec, runc: &Runc) -> bool {
+    let marked = spec.annotations.get(EXEC_WITH_RUNTIME).map(String::as_str) == Some("true");
+    !marked && runc.is_runc() && !runc.systemd_cgroup && spec.plain_for_exec()
+}
+
+/// Linux 5.8 joins a process's namespaces through its pidfd and 5.9 closes a range of
+/// descriptors; the shim asks for 5.11.
 fn kernel_is_recent_enough() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SUPPORTED.get_or_init(|| {
@@ -174,6 +174,11 @@ pub async fn exec(
     ran
 }
 
+/// Whether the helper refused the exec before touching the container (runc should run it).
+pub fn declined(error: &RuncError) -> bool {
+    matches!(error, RuncError::Failed { message, .. } if message.starts_with(helper::DECLINED))
+}
+
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open returns a new descriptor (close-on-exec) or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
@@ -232,7 +237,7 @@ mod tests {
         let runc = crate::runc::runc_for(&Default::default(), "k8s.io", Path::new("/b"));
         let spec = |json: &str| -> BundleSpec { serde_json::from_str(json).expect("spec") };
         let plain = spec(r#"{"linux":{"namespaces":[{"type":"pid"},{"type":"mount"}]}}"#);
-        assert!(container_allows(&plain, &runc));
+        assert!(spec_and_runtime_allow(&plain, &runc));
         let crun = crate::runc::runc_for(
             &crate::runc::RuncOptions {
                 binary: "crun".into(),
@@ -241,7 +246,7 @@ mod tests {
             "k8s.io",
             Path::new("/b"),
         );
-        assert!(!container_allows(&plain, &crun));
+        assert!(!spec_and_runtime_allow(&plain, &crun));
         for json in [
             r#"{"annotations":{"io.crius.exec-with-runtime":"true"}}"#,
             r#"{"linux":{"seccomp":{"defaultAction":"SCMP_ACT_ERRNO"}}}"#,
@@ -253,8 +258,13 @@ mod tests {
             r#"{"linux":{"uidMappings":[{"containerID":0,"hostID":1000,"size":1}]}}"#,
             r#"{"process":{"apparmorProfile":"cri-containerd.apparmor.d"}}"#,
             r#"{"process":{"selinuxLabel":"system_u:system_r:container_t:s0"}}"#,
+            r#"{"process":{"user":{"uid":0,"gid":0,"umask":18}}}"#,
+            r#"{"process":{"scheduler":{"policy":"SCHED_IDLE"}}}"#,
+            r#"{"process":{"ioPriority":{"class":"IOPRIO_CLASS_IDLE"}}}"#,
+            r#"{"process":{"execCPUAffinity":{"initial":"0"}}}"#,
+            r#"{"linux":{"memoryPolicy":{"mode":"MPOL_BIND"}}}"#,
         ] {
-            assert!(!container_allows(&spec(json), &runc), "{json}");
+            assert!(!spec_and_runtime_allow(&spec(json), &runc), "{json}");
         }
     }
 
@@ -282,6 +292,18 @@ mod tests {
         let process = none.as_object_mut().expect("object");
         ExecDefaults::default().apply(process);
         assert!(!process.contains_key("oomScoreAdj"));
+    }
+
+    #[test]
+    fn only_the_helpers_refusals_send_an_exec_to_runc() {
+        let failed = |message: String| RuncError::Failed {
+            verb: "exec",
+            message,
+        };
+        assert!(declined(&failed(format!("{}a terminal", helper::DECLINED))));
+        assert!(!declined(&failed(
+            "exec failed: cannot exec in a paused container".into()
+        )));
     }
 
     #[test]

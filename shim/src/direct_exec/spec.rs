@@ -227,6 +227,13 @@ impl ExecProcess {
         if !self.cwd.starts_with('/') {
             return Some("a relative working directory");
         }
+        // -1 to setresuid means "leave it": runc refuses such ids.
+        let ids = [self.user.uid, self.user.gid]
+            .into_iter()
+            .chain(self.user.additional_gids.iter().copied());
+        if ids.into_iter().any(|id| id > i32::MAX as u32) {
+            return Some("a user or group id out of range");
+        }
         if self.cap_sets().is_none() {
             return Some("a capability the shim cannot name");
         }
@@ -335,6 +342,14 @@ mod tests {
             (
                 r#"{"args":["sh"],"cwd":"tmp"}"#,
                 "a relative working directory",
+            ),
+            (
+                r#"{"args":["sh"],"cwd":"/","user":{"uid":4294967295}}"#,
+                "a user or group id out of range",
+            ),
+            (
+                r#"{"args":["sh"],"cwd":"/","user":{"additionalGids":[2147483648]}}"#,
+                "a user or group id out of range",
             ),
             (
                 r#"{"args":["sh"],"cwd":"/","capabilities":{"bounding":["CAP_NOPE"]}}"#,
