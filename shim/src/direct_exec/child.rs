@@ -93,13 +93,62 @@ fn chdir_failure(cwd: &str, e: nix::errno::Errno) -> String {
     )
 }
 
-/// Signals as a new process has them: none blocked, SIGPIPE (which Rust ignores) default.
+/// Signals as a new process has them: none blocked, none ignored (what containerd or the
+/// shim ignored, and SIGPIPE, which Rust ignores). SIGHUP and SIGINT stay ignored if they
+/// were, as after runc, whose Go runtime keeps those two.
 fn reset_signals() {
     let none = nix::sys::signal::SigSet::empty();
     let _ =
         nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&none), None);
-    // SAFETY: restores the default disposition; no handler runs.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    for signal in 1..=64 {
+        if matches!(
+            signal,
+            libc::SIGKILL | libc::SIGSTOP | libc::SIGHUP | libc::SIGINT
+        ) {
+            continue;
+        }
+        set_default(signal);
+    }
+}
+
+/// The kernel's `struct sigaction` on x86_64, for the signals the C library keeps for itself
+/// (32-34), whose disposition its `sigaction` will not change.
+#[cfg(target_arch = "x86_64")]
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+fn set_default(signal: libc::c_int) {
+    // SAFETY: a zeroed sigaction with SIG_DFL (0) as its handler; no handler ever runs.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: sigaction reads the struct; a signal number it refuses only fails.
+    if unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) } == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let default = KernelSigaction {
+            handler: libc::SIG_DFL,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        // SAFETY: rt_sigaction reads the kernel's struct of its x86_64 layout (8-byte mask).
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signal,
+                &default,
+                std::ptr::null_mut::<KernelSigaction>(),
+                8usize,
+            )
+        };
+    }
 }
 
 fn set_rlimits(process: &ExecProcess) -> Result<(), String> {
