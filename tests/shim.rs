@@ -170,6 +170,22 @@ async fn pause_resume_pids_metrics_and_checkpoint_through_containerd() {
     crius.ctr(&["tasks", "pause", &id]);
     assert_eq!(state(&crius), "PAUSED");
     assert!(frozen(pid), "runc did not freeze the container's cgroup");
+    // The shim's exec refuses a frozen container in runc's words, and nothing joins it.
+    let refused = pod
+        .exec(&id, &["true"], 10)
+        .await
+        .expect_err("an exec into a paused container");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .message()
+            .contains("cannot exec in a paused container"),
+        "{refused:?}"
+    );
     crius.ctr(&["tasks", "resume", &id]);
     assert_eq!(state(&crius), "RUNNING");
     assert!(!frozen(pid), "runc did not thaw the container's cgroup");
