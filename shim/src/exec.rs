@@ -146,33 +146,57 @@ impl Shim {
         spec_file: &Path,
         pid_file: &Path,
     ) -> Result<ProcessIo, ShimError> {
+        if let Some(io) = self
+            .exec_directly(container, process, spec_file, pid_file)
+            .await?
+        {
+            return Ok(io);
+        }
         let (process_stdio, io, console) = prepare_stdio(&process.stdio)?;
-        let direct = match container.exec_target.get() {
-            Some(target) if process.direct_exec && console.is_none() => {
-                crate::direct_exec::prepare(target)
-                    .await
-                    .map_err(|e| log::warn!("exec in {} goes to runc: {e}", container.id))
-                    .ok()
+        container
+            .runc
+            .exec(
+                &self.reaper,
+                &container.id,
+                spec_file,
+                pid_file,
+                console.as_ref().map(|c| c.path()).as_deref(),
+                process_stdio,
+            )
+            .await?;
+        match console {
+            Some(console) => Ok(receive_console(console, &process.stdio).await?),
+            None => Ok(io),
+        }
+    }
+
+    /// The shim's own exec (`direct_exec`). None: runc is to run it (the container or the
+    /// exec needs runc, the binary's copy failed, or the helper declined before touching
+    /// the container).
+    async fn exec_directly(
+        &self,
+        container: &Container,
+        process: &Process,
+        spec_file: &Path,
+        pid_file: &Path,
+    ) -> Result<Option<ProcessIo>, ShimError> {
+        let Some(target) = container.exec_target.get() else {
+            return Ok(None);
+        };
+        if !process.direct_exec || process.stdio.terminal {
+            return Ok(None);
+        }
+        let goes_to_runc = |e: &dyn std::fmt::Display| {
+            log::warn!("exec in {} goes to runc: {e}", container.id);
+        };
+        let prepared = match crate::direct_exec::prepare(target).await {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                goes_to_runc(&e);
+                return Ok(None);
             }
-            _ => None,
         };
-        let Some(prepared) = direct else {
-            container
-                .runc
-                .exec(
-                    &self.reaper,
-                    &container.id,
-                    spec_file,
-                    pid_file,
-                    console.as_ref().map(|c| c.path()).as_deref(),
-                    process_stdio,
-                )
-                .await?;
-            return match console {
-                Some(console) => Ok(receive_console(console, &process.stdio).await?),
-                None => Ok(io),
-            };
-        };
+        let (process_stdio, io, _) = prepare_stdio(&process.stdio)?;
         let ran = crate::direct_exec::exec(
             &self.reaper,
             &container.runc,
@@ -184,23 +208,10 @@ impl Shim {
         )
         .await;
         match ran {
-            Ok(()) => Ok(io),
+            Ok(()) => Ok(Some(io)),
             Err(e) if crate::direct_exec::declined(&e) => {
-                log::warn!("exec in {} goes to runc: {e}", container.id);
-                drop(io);
-                let (process_stdio, io, _) = prepare_stdio(&process.stdio)?;
-                container
-                    .runc
-                    .exec(
-                        &self.reaper,
-                        &container.id,
-                        spec_file,
-                        pid_file,
-                        None,
-                        process_stdio,
-                    )
-                    .await?;
-                Ok(io)
+                goes_to_runc(&e);
+                Ok(None)
             }
             Err(e) => Err(e.into()),
         }
