@@ -1,7 +1,7 @@
 //! The shim's own exec: for a container runc made, an exec whose spec asks nothing runc
-//! alone does runs through the exec helper (`helper.rs`, the shim binary run from a sealed
-//! copy in memory) rather than `runc exec`, which starts two Go programs (`runc` and `runc
-//! init`) and takes most of an exec probe's time. Anything else goes to runc as before: a
+//! alone does runs through the exec helper (`helper.rs`, the shim's binary run sealed, see
+//! `seal.rs`) rather than `runc exec`, which starts two Go programs (`runc` and `runc init`)
+//! and takes most of an exec probe's time. Anything else goes to runc as before: a
 //! terminal, an LSM label, seccomp, a user or time namespace, a personality, Intel RDT,
 //! systemd cgroups, a runtime other than runc, a kernel older than 5.11 (`setns` on a
 //! pidfd came in 5.8, `close_range` in 5.9; 5.11 leaves a margin of fixes to both).
@@ -10,6 +10,7 @@ mod cgroups;
 mod child;
 pub mod helper;
 mod lookup;
+mod seal;
 pub mod spec;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -112,17 +113,17 @@ impl ExecTarget {
     }
 }
 
-/// What the helper runs from: its own pidfd of the init and the sealed copy.
+/// What the helper runs from: its own pidfd of the init and the sealed binary.
 pub struct Prepared {
     init: OwnedFd,
     binary: OwnedFd,
 }
 
-/// Gets an exec ready to run through the helper (off the async threads: it copies the
-/// binary). An error here means runc should run it instead.
+/// Gets an exec ready to run through the helper (off the async threads: the first exec
+/// seals the binary, or each copies it). An error here means runc should run it instead.
 pub async fn prepare(target: &ExecTarget) -> std::io::Result<Prepared> {
     let init = target.init.try_clone()?;
-    let binary = tokio::task::spawn_blocking(sealed_copy_of_self)
+    let binary = tokio::task::spawn_blocking(seal::sealed_binary)
         .await
         .map_err(std::io::Error::other)??;
     Ok(Prepared { init, binary })
@@ -187,45 +188,6 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: a descriptor just made and owned by no one else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// `MFD_EXEC` (Linux 6.3): an executable memfd where `vm.memfd_noexec` would refuse one.
-const MFD_EXEC: libc::c_uint = 0x10;
-/// The lowest descriptor the copy may have: below it sits the helper's pidfd.
-const LOWEST_BINARY_FD: libc::c_int = 10;
-
-/// The running shim binary copied into a sealed memfd (no writes, no resizing), from
-/// which the helper runs.
-fn sealed_copy_of_self() -> std::io::Result<OwnedFd> {
-    let name = c"containerd-shim-crius-v2";
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-    // SAFETY: memfd_create reads the name and returns a new descriptor or -1.
-    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | MFD_EXEC) };
-    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-        // SAFETY: as above, on a kernel that knows no MFD_EXEC.
-        fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
-    }
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just made and owned by no one else.
-    let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut copy = std::fs::File::from(memfd);
-    let mut own = std::fs::File::open("/proc/self/exe")?;
-    std::io::copy(&mut own, &mut copy)?;
-    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    // SAFETY: fcntl on a descriptor this function owns.
-    if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // Out of the way of the pidfd the helper gets as descriptor 3.
-    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor or -1.
-    let moved = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_DUPFD_CLOEXEC, LOWEST_BINARY_FD) };
-    if moved < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just made and owned by no one else.
-    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
 
 #[cfg(test)]
@@ -314,16 +276,5 @@ mod tests {
         assert_eq!(release_at_least("5.4.0-150-generic", (5, 8)), Some(false));
         assert_eq!(release_at_least("4.19.0", (5, 8)), Some(false));
         assert_eq!(release_at_least("garbage", (5, 8)), None);
-    }
-
-    #[test]
-    fn the_sealed_copy_is_the_binary_and_refuses_writes() {
-        use std::io::Write;
-        let copy = sealed_copy_of_self().expect("copy");
-        let mut file = std::fs::File::from(copy);
-        let own = std::fs::metadata("/proc/self/exe").expect("exe");
-        assert_eq!(file.metadata().expect("copy").len(), own.len());
-        let err = file.write_all(b"x").expect_err("sealed");
-        assert_eq!(err.raw_os_error(), Some(libc::EPERM));
     }
 }
