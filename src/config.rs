@@ -563,6 +563,24 @@ impl Config {
 
     /// Checks what the types alone cannot, naming the offending key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_paths()?;
+        self.validate_listeners()?;
+        self.validate_containerd()?;
+        self.validate_cni_and_images()?;
+        self.validate_stream()?;
+        if crate::logging::parse_filter(&self.log.level).is_none() {
+            return Err(invalid(
+                "log.level",
+                format!(
+                    "{:?} is not a level (error, warn, info, debug, trace) or filter",
+                    self.log.level
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_paths(&self) -> Result<(), ConfigError> {
         for (key, path) in [
             ("root", &self.root),
             ("state", &self.state),
@@ -580,6 +598,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The CRI sockets and the metrics listener.
+    fn validate_listeners(&self) -> Result<(), ConfigError> {
         if self.grpc.address == self.grpc.ttrpc_address {
             return Err(invalid(
                 "grpc.ttrpc_address",
@@ -601,6 +624,10 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    fn validate_containerd(&self) -> Result<(), ConfigError> {
         if self.containerd.namespace.is_empty() {
             return Err(invalid("containerd.namespace", "must not be empty"));
         }
@@ -628,6 +655,10 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn validate_cni_and_images(&self) -> Result<(), ConfigError> {
         if self.cni.bin_dirs.is_empty() {
             return Err(invalid("cni.bin_dirs", "must name at least one directory"));
         }
@@ -640,6 +671,10 @@ impl Config {
         if self.stats_collect_period.is_zero() {
             return Err(invalid("stats_collect_period", "must be longer than zero"));
         }
+        Ok(())
+    }
+
+    fn validate_stream(&self) -> Result<(), ConfigError> {
         if self.stream.address.parse::<std::net::IpAddr>().is_err() {
             return Err(invalid(
                 "stream.address",
@@ -657,15 +692,6 @@ impl Config {
         }
         if self.stream.idle_timeout.is_zero() {
             return Err(invalid("stream.idle_timeout", "must be longer than zero"));
-        }
-        if crate::logging::parse_filter(&self.log.level).is_none() {
-            return Err(invalid(
-                "log.level",
-                format!(
-                    "{:?} is not a level (error, warn, info, debug, trace) or filter",
-                    self.log.level
-                ),
-            ));
         }
         Ok(())
     }

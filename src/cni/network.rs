@@ -17,6 +17,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value, json};
 use tokio::io::AsyncWriteExt;
+use tokio::process::Child;
 
 use super::config::NetworkConfigList;
 use super::{LoadError, NetworkConfigs};
@@ -702,69 +703,25 @@ async fn run_plugin(
         plugin: plugin.to_string(),
         reason,
     };
-    let mut child = tokio::process::Command::new(binary)
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group: what it runs (an IPAM plugin) goes with it.
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
+    let mut child = spawn_plugin(binary, env)
         .map_err(|e| io(format!("cannot run {}: {e}", binary.display())))?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
-    let pipe = child.stdin.take();
-    let feed = async move {
-        let Some(mut pipe) = pipe else { return Ok(()) };
-        match pipe.write_all(&stdin).await {
-            // The plugin exited without reading its config: its status and output say why.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-            other => other,
-        }
-        // Dropping the pipe closes the plugin's stdin.
-    };
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     // Fed while it runs, all within the timeout: a plugin that never reads cannot hang us.
-    let run = async {
-        tokio::join!(
-            feed,
-            child.wait(),
-            read_capped(stdout, MAX_PLUGIN_OUTPUT),
-            read_capped(stderr, MAX_PLUGIN_STDERR)
-        )
-    };
-    let finished = tokio::time::timeout(timeout, run).await;
+    let finished = tokio::time::timeout(timeout, feed_and_collect(&mut child, stdin)).await;
     // Whatever of its group is left (it timed out, or left a child behind) goes now.
     if let Some(group) = group {
         // SAFETY: a signal to the plugin's own process group.
         unsafe { libc::kill(-group, libc::SIGKILL) };
     }
-    let output = match finished {
-        Ok((fed, status, stdout, stderr)) => {
-            fed.map_err(|e| io(format!("writing config: {e}")))?;
-            let status = status.map_err(|e| io(e.to_string()))?;
-            let (stdout, complete) = stdout.map_err(|e| io(format!("reading output: {e}")))?;
-            if !complete {
-                return Err(io(format!(
-                    "its output is larger than {MAX_PLUGIN_OUTPUT} bytes"
-                )));
-            }
-            let (stderr, _) = stderr.unwrap_or_default();
-            std::process::Output {
-                status,
-                stdout,
-                stderr,
-            }
-        }
-        Err(_) => {
-            return Err(CniError::Timeout {
-                plugin: plugin.to_string(),
-                command,
-                network: network.to_string(),
-                timeout,
-            });
-        }
+    let Ok(collected) = finished else {
+        return Err(CniError::Timeout {
+            plugin: plugin.to_string(),
+            command,
+            network: network.to_string(),
+            timeout,
+        });
     };
+    let output = plugin_output(collected).map_err(io)?;
     if output.status.success() {
         return Ok(output.stdout);
     }
@@ -776,6 +733,66 @@ async fn run_plugin(
         message: plugin_error_message(&output.stdout),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     })))
+}
+
+fn spawn_plugin(binary: &Path, env: &[(String, String)]) -> std::io::Result<Child> {
+    tokio::process::Command::new(binary)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group: what it runs (an IPAM plugin) goes with it.
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// What a plugin run gave: the feeding of its config, its exit, its (capped) stdout and
+/// stderr, each with whether it was read whole.
+type Collected = (
+    std::io::Result<()>,
+    std::io::Result<std::process::ExitStatus>,
+    std::io::Result<(Vec<u8>, bool)>,
+    std::io::Result<(Vec<u8>, bool)>,
+);
+
+/// Writes the config to the plugin's stdin while it runs, and reads its output and exit.
+async fn feed_and_collect(child: &mut Child, stdin: Vec<u8>) -> Collected {
+    let pipe = child.stdin.take();
+    let feed = async move {
+        let Some(mut pipe) = pipe else { return Ok(()) };
+        match pipe.write_all(&stdin).await {
+            // The plugin exited without reading its config: its status and output say why.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            other => other,
+        }
+        // Dropping the pipe closes the plugin's stdin.
+    };
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    tokio::join!(
+        feed,
+        child.wait(),
+        read_capped(stdout, MAX_PLUGIN_OUTPUT),
+        read_capped(stderr, MAX_PLUGIN_STDERR)
+    )
+}
+
+/// The plugin's output, or why it cannot be had (its stdout is cut off past the cap).
+fn plugin_output((fed, status, stdout, stderr): Collected) -> Result<std::process::Output, String> {
+    fed.map_err(|e| format!("writing config: {e}"))?;
+    let status = status.map_err(|e| e.to_string())?;
+    let (stdout, complete) = stdout.map_err(|e| format!("reading output: {e}"))?;
+    if !complete {
+        return Err(format!(
+            "its output is larger than {MAX_PLUGIN_OUTPUT} bytes"
+        ));
+    }
+    let (stderr, _) = stderr.unwrap_or_default();
+    Ok(std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 /// What a failed plugin says: plugins report errors as JSON `{code, msg, details}` on

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::api::v1::{ContainerConfig, CreateContainerRequest, CreateContainerResponse};
+use crate::api::v1::{
+    ContainerConfig, CreateContainerRequest, CreateContainerResponse, PodSandboxConfig,
+};
 use containerd_client::services::v1::Container as ContainerRecord;
 use containerd_client::types::Mount;
 use tonic::Status;
@@ -348,11 +350,7 @@ impl CriService {
         }
         let user = container_user(config, &new.image.config.config.user, &rootfs.accounts)?;
         let sandbox_root = self.sandbox_root_dir(&sandbox.id);
-        let shm = if is_host_ipc(&sandbox.config) {
-            PathBuf::from("/dev/shm")
-        } else {
-            self.sandbox_shm_path(&sandbox.id)
-        };
+        let shm = self.container_shm(&sandbox.id, &sandbox.config);
         let idmapped_rootfs = self.idmapped_rootfs_dir(&new.id);
         {
             let (service, id) = (self.clone(), new.id.clone());
@@ -403,6 +401,16 @@ impl CriService {
         .map_err(|e| Status::invalid_argument(format!("invalid container config: {e}")))?;
         let spec = self.inject_cdi_devices(spec, config).await?;
         Ok((spec, user))
+    }
+
+    /// The `/dev/shm` a container of the pod gets: the host's for a pod in the host's IPC
+    /// namespace, else the pod's own.
+    fn container_shm(&self, sandbox_id: &str, sandbox_config: &PodSandboxConfig) -> PathBuf {
+        if is_host_ipc(sandbox_config) {
+            PathBuf::from("/dev/shm")
+        } else {
+            self.sandbox_shm_path(sandbox_id)
+        }
     }
 
     /// The container's OOM score adjustment, when its resources set one (clamped to what

@@ -5,12 +5,13 @@
 use crate::api::v1::{
     ContainerMetrics, ContainerStats, ListMetricDescriptorsRequest, ListMetricDescriptorsResponse,
     ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse, Metric, MetricDescriptor,
-    MetricType, PodSandboxMetrics, UInt64Value,
+    MetricType, NetworkUsage, PodSandboxMetadata, PodSandboxMetrics, UInt64Value,
 };
+use std::sync::Arc;
 use tonic::Status;
 
 use crate::server::CriService;
-use crate::store::SandboxState;
+use crate::store::{Sandbox, SandboxState};
 
 const CONTAINER_LABELS: [&str; 6] = ["container", "id", "image", "name", "namespace", "pod"];
 /// The pause container's name in cAdvisor's pod-level series.
@@ -158,81 +159,96 @@ impl CriService {
     ) -> Result<ListPodSandboxMetricsResponse, Status> {
         let mut pod_metrics = Vec::new();
         for sandbox in self.sandboxes.list() {
-            if sandbox.status().state != SandboxState::Ready {
-                continue;
+            if sandbox.status().state == SandboxState::Ready {
+                pod_metrics.push(self.pod_sandbox_metrics(&sandbox).await);
             }
-            let metadata = sandbox.metadata();
-            let pod = metadata.config.metadata.clone().unwrap_or_default();
-            let stats = self.sample_pod(&sandbox).await;
-            let linux = stats.linux.unwrap_or_default();
-            let pod_labels = |interface: Option<&str>| {
-                let mut labels = vec![
-                    POD_CONTAINER.to_string(),
-                    metadata.id.clone(),
-                    metadata.image.clone(),
-                    metadata.name.clone(),
-                    pod.namespace.clone(),
-                    pod.name.clone(),
-                ];
-                labels.extend(interface.map(str::to_string));
-                labels
-            };
-            let mut metrics = Vec::new();
-            if let Some(network) = &linux.network {
-                for interface in &network.interfaces {
-                    let labels = pod_labels(Some(&interface.name));
-                    for (index, field) in [
-                        (5, &interface.rx_bytes),
-                        (6, &interface.tx_bytes),
-                        (7, &interface.rx_errors),
-                        (8, &interface.tx_errors),
-                    ] {
-                        if let Some(v) = field {
-                            metrics.push(metric(
-                                METRICS[index].0,
-                                METRICS[index].2,
-                                &labels,
-                                network.timestamp,
-                                v.value,
-                            ));
-                        }
-                    }
-                }
-            }
-            let container_metrics = linux
-                .containers
-                .iter()
-                .filter_map(|stats| {
-                    let id = stats.attributes.as_ref()?.id.clone();
-                    let container = self.containers.get(&id).ok().flatten()?;
-                    let labels = vec![
-                        container
-                            .metadata
-                            .config
-                            .metadata
-                            .as_ref()
-                            .map(|m| m.name.clone())
-                            .unwrap_or_default(),
-                        id.clone(),
-                        container.metadata.image_name.clone(),
-                        container.metadata.name.clone(),
-                        pod.namespace.clone(),
-                        pod.name.clone(),
-                    ];
-                    Some(ContainerMetrics {
-                        container_id: id,
-                        metrics: container_metrics(stats, &labels),
-                    })
-                })
-                .collect();
-            pod_metrics.push(PodSandboxMetrics {
-                pod_sandbox_id: metadata.id.clone(),
-                metrics,
-                container_metrics,
-            });
         }
         Ok(ListPodSandboxMetricsResponse { pod_metrics })
     }
+
+    /// One pod's series: its network at pod level, then each container's.
+    async fn pod_sandbox_metrics(&self, sandbox: &Arc<Sandbox>) -> PodSandboxMetrics {
+        let metadata = sandbox.metadata();
+        let pod = metadata.config.metadata.clone().unwrap_or_default();
+        let linux = self.sample_pod(sandbox).await.linux.unwrap_or_default();
+        let pod_labels = [
+            POD_CONTAINER.to_string(),
+            metadata.id.clone(),
+            metadata.image.clone(),
+            metadata.name.clone(),
+            pod.namespace.clone(),
+            pod.name.clone(),
+        ];
+        let metrics = linux
+            .network
+            .as_ref()
+            .map(|network| network_metrics(network, &pod_labels))
+            .unwrap_or_default();
+        let container_metrics = linux
+            .containers
+            .iter()
+            .filter_map(|stats| self.one_container_metrics(stats, &pod))
+            .collect();
+        PodSandboxMetrics {
+            pod_sandbox_id: metadata.id.clone(),
+            metrics,
+            container_metrics,
+        }
+    }
+
+    /// A container's series, labelled as cAdvisor labels them; none for a container gone.
+    fn one_container_metrics(
+        &self,
+        stats: &ContainerStats,
+        pod: &PodSandboxMetadata,
+    ) -> Option<ContainerMetrics> {
+        let id = stats.attributes.as_ref()?.id.clone();
+        let container = self.containers.get(&id).ok().flatten()?;
+        let labels = vec![
+            container
+                .metadata
+                .config
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
+            id.clone(),
+            container.metadata.image_name.clone(),
+            container.metadata.name.clone(),
+            pod.namespace.clone(),
+            pod.name.clone(),
+        ];
+        Some(ContainerMetrics {
+            container_id: id,
+            metrics: container_metrics(stats, &labels),
+        })
+    }
+}
+
+/// The pod's network series, one set per interface (its name the last label).
+fn network_metrics(network: &NetworkUsage, pod_labels: &[String]) -> Vec<Metric> {
+    let mut metrics = Vec::new();
+    for interface in &network.interfaces {
+        let mut labels = pod_labels.to_vec();
+        labels.push(interface.name.clone());
+        for (index, field) in [
+            (5, &interface.rx_bytes),
+            (6, &interface.tx_bytes),
+            (7, &interface.rx_errors),
+            (8, &interface.tx_errors),
+        ] {
+            if let Some(v) = field {
+                metrics.push(metric(
+                    METRICS[index].0,
+                    METRICS[index].2,
+                    &labels,
+                    network.timestamp,
+                    v.value,
+                ));
+            }
+        }
+    }
+    metrics
 }
 
 #[cfg(test)]

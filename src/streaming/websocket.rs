@@ -213,14 +213,9 @@ impl Session {
             resize: options.tty.then_some(resize_rx),
         };
         // The first message tells the client the session is open.
-        let first = if options.stdout {
-            STDOUT
-        } else if options.stderr && !options.tty {
-            STDERR
-        } else {
-            ERROR
-        };
-        let _ = outgoing.send(protocol.encode(first, &[])).await;
+        let _ = outgoing
+            .send(protocol.encode(opening_channel(&options), &[]))
+            .await;
 
         let cancel = shutdown.child_token();
         let run = command.run(runtime.as_ref(), io, cancel.clone());
@@ -247,20 +242,40 @@ impl Session {
         if let Outcome::Internal(message) = &outcome {
             tracing::warn!(?command, error = %message, "stream command failed");
         }
-        // The status and the close wait for room at most a grace period: a client that
-        // stopped reading gets neither.
-        let farewell = async {
-            if let Some(bytes) = protocol.version.status_bytes(&outcome) {
-                let _ = outgoing.send(protocol.encode(ERROR, &bytes)).await;
-            }
-            let _ = outgoing.send(Message::Close(None)).await;
-        };
-        let _ = tokio::time::timeout(CLOSE_GRACE, farewell).await;
-        drop(outgoing);
-        let abort = writer.abort_handle();
-        if tokio::time::timeout(CLOSE_GRACE, writer).await.is_err() {
-            abort.abort();
+        close(protocol, outgoing, &outcome, writer).await;
+    }
+}
+
+/// The channel of the message that tells the client the session is open.
+fn opening_channel(options: &StdioOptions) -> u8 {
+    if options.stdout {
+        STDOUT
+    } else if options.stderr && !options.tty {
+        STDERR
+    } else {
+        ERROR
+    }
+}
+
+/// Sends the command's status and the close, then lets the writer finish. Both wait for
+/// room at most a grace period: a client that stopped reading gets neither.
+async fn close(
+    protocol: WsProtocol,
+    outgoing: mpsc::Sender<Message>,
+    outcome: &Outcome,
+    writer: tokio::task::JoinHandle<()>,
+) {
+    let farewell = async {
+        if let Some(bytes) = protocol.version.status_bytes(outcome) {
+            let _ = outgoing.send(protocol.encode(ERROR, &bytes)).await;
         }
+        let _ = outgoing.send(Message::Close(None)).await;
+    };
+    let _ = tokio::time::timeout(CLOSE_GRACE, farewell).await;
+    drop(outgoing);
+    let abort = writer.abort_handle();
+    if tokio::time::timeout(CLOSE_GRACE, writer).await.is_err() {
+        abort.abort();
     }
 }
 

@@ -171,7 +171,42 @@ struct Shared {
     started: Instant,
 }
 
+/// Whether a new stream of the client's may open.
+enum Admission {
+    Admitted,
+    /// Its id is open already: a protocol error.
+    Duplicate,
+    /// The connection has as many streams as it may.
+    Full,
+}
+
 impl Shared {
+    /// Routes a new stream's input to it, unless the id is taken or the connection is full.
+    fn admit(
+        &self,
+        stream_id: u32,
+        flags: u8,
+        input: InputSender,
+        reset: CancellationToken,
+    ) -> Admission {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if streams.contains_key(&stream_id) {
+            return Admission::Duplicate;
+        }
+        // Streams the handler holds count, and so do the routes to streams it let go of
+        // whose client has not ended them yet (at twice the limit).
+        if self.live.load(Ordering::SeqCst) >= self.max_streams
+            || streams.len() >= 2 * self.max_streams
+        {
+            return Admission::Full;
+        }
+        // A SYN_STREAM with FIN opens a stream the client will never write to.
+        if flags & FLAG_FIN == 0 {
+            streams.insert(stream_id, StreamEntry { input, reset });
+        }
+        Admission::Admitted
+    }
+
     /// Queues a frame of the connection's own (a reply, a reset): gives up when the
     /// connection closes, so a client that stops reading cannot park the sender here.
     async fn send_control(&self, frame: Frame) {
@@ -484,33 +519,17 @@ async fn open_stream(
     };
     let (input_tx, input) = shared.budget.stream(STREAM_INPUT_LIMIT);
     let reset = CancellationToken::new();
-    let (duplicate, full) = {
-        let mut streams = shared.streams.lock().unwrap_or_else(|p| p.into_inner());
-        let duplicate = streams.contains_key(&stream_id);
-        // Streams the handler holds count, and so do the routes to streams it let go of
-        // whose client has not ended them yet (at twice the limit).
-        let full = shared.live.load(Ordering::SeqCst) >= shared.max_streams
-            || streams.len() >= 2 * shared.max_streams;
-        // A SYN_STREAM with FIN opens a stream the client will never write to.
-        if !duplicate && !full && flags & FLAG_FIN == 0 {
-            streams.insert(
-                stream_id,
-                StreamEntry {
-                    input: input_tx,
-                    reset: reset.clone(),
-                },
-            );
+    match shared.admit(stream_id, flags, input_tx, reset.clone()) {
+        Admission::Admitted => {}
+        Admission::Full => {
+            tracing::debug!(stream_id, "too many streams on one connection; refused");
+            shared.send_control(rst(RST_REFUSED_STREAM)).await;
+            return true;
         }
-        (duplicate, full)
-    };
-    if full && !duplicate {
-        tracing::debug!(stream_id, "too many streams on one connection; refused");
-        shared.send_control(rst(RST_REFUSED_STREAM)).await;
-        return true;
-    }
-    if duplicate {
-        shared.send_control(rst(RST_PROTOCOL_ERROR)).await;
-        return false;
+        Admission::Duplicate => {
+            shared.send_control(rst(RST_PROTOCOL_ERROR)).await;
+            return false;
+        }
     }
     if shared
         .outgoing

@@ -292,7 +292,7 @@ impl Decoder for SpdyCodec {
             return Ok(None);
         }
         let head = src.split_to(HEADER_SIZE);
-        let mut payload = src.split_to(length);
+        let payload = src.split_to(length);
         let first = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
         let flags = head[4];
         if first & 0x8000_0000 == 0 {
@@ -307,6 +307,18 @@ impl Decoder for SpdyCodec {
             return Err(protocol(format!("unsupported SPDY version {version}")));
         }
         let frame_type = (first & 0xffff) as u16;
+        self.decode_control(frame_type, flags, payload).map(Some)
+    }
+}
+
+impl SpdyCodec {
+    /// A control frame's payload, by its type.
+    fn decode_control(
+        &mut self,
+        frame_type: u16,
+        flags: u8,
+        mut payload: BytesMut,
+    ) -> Result<Frame, FrameError> {
         let frame = match frame_type {
             TYPE_SYN_STREAM => {
                 need(&payload, 10, "SYN_STREAM")?;
@@ -347,40 +359,14 @@ impl Decoder for SpdyCodec {
                     status: payload.get_u32(),
                 }
             }
-            TYPE_SETTINGS => {
-                need(&payload, 4, "SETTINGS")?;
-                let count = payload.get_u32() as usize;
-                if payload.remaining() / 8 < count {
-                    return Err(protocol("SETTINGS frame too short"));
-                }
-                let entries = (0..count)
-                    .map(|_| {
-                        let word = payload.get_u32();
-                        ((word >> 24) as u8, word & 0x00ff_ffff, payload.get_u32())
-                    })
-                    .collect();
-                Frame::Settings { flags, entries }
-            }
+            TYPE_SETTINGS => decode_settings(flags, payload)?,
             TYPE_PING => {
                 need(&payload, 4, "PING")?;
                 Frame::Ping {
                     id: payload.get_u32(),
                 }
             }
-            TYPE_GOAWAY => {
-                need(&payload, 4, "GOAWAY")?;
-                let last_good_stream_id = stream_id(payload.get_u32());
-                // SPDY/3 added the status; be lenient with peers that leave it out.
-                let status = if payload.remaining() >= 4 {
-                    payload.get_u32()
-                } else {
-                    0
-                };
-                Frame::GoAway {
-                    last_good_stream_id,
-                    status,
-                }
-            }
+            TYPE_GOAWAY => decode_goaway(payload)?,
             TYPE_WINDOW_UPDATE => {
                 need(&payload, 8, "WINDOW_UPDATE")?;
                 Frame::WindowUpdate {
@@ -390,7 +376,55 @@ impl Decoder for SpdyCodec {
             }
             other => Frame::Unknown { frame_type: other },
         };
-        Ok(Some(frame))
+        Ok(frame)
+    }
+}
+
+fn decode_settings(flags: u8, mut payload: BytesMut) -> Result<Frame, FrameError> {
+    need(&payload, 4, "SETTINGS")?;
+    let count = payload.get_u32() as usize;
+    if payload.remaining() / 8 < count {
+        return Err(protocol("SETTINGS frame too short"));
+    }
+    let entries = (0..count)
+        .map(|_| {
+            let word = payload.get_u32();
+            ((word >> 24) as u8, word & 0x00ff_ffff, payload.get_u32())
+        })
+        .collect();
+    Ok(Frame::Settings { flags, entries })
+}
+
+fn decode_goaway(mut payload: BytesMut) -> Result<Frame, FrameError> {
+    need(&payload, 4, "GOAWAY")?;
+    let last_good_stream_id = stream_id(payload.get_u32());
+    // SPDY/3 added the status; be lenient with peers that leave it out.
+    let status = if payload.remaining() >= 4 {
+        payload.get_u32()
+    } else {
+        0
+    };
+    Ok(Frame::GoAway {
+        last_good_stream_id,
+        status,
+    })
+}
+
+impl SpdyCodec {
+    /// A SYN_REPLY or HEADERS frame: the stream id, then the compressed header block.
+    fn put_headers_frame(
+        &mut self,
+        dst: &mut BytesMut,
+        frame_type: u16,
+        flags: u8,
+        stream_id: u32,
+        headers: &Headers,
+    ) -> Result<(), FrameError> {
+        let block = self.compress_headers(headers)?;
+        put_control_header(dst, frame_type, flags, 4 + block.len());
+        dst.put_u32(stream_id & 0x7fff_ffff);
+        dst.put_slice(&block);
+        Ok(())
     }
 }
 
@@ -439,22 +473,12 @@ impl Encoder<Frame> for SpdyCodec {
                 stream_id,
                 flags,
                 headers,
-            } => {
-                let block = self.compress_headers(&headers)?;
-                put_control_header(dst, TYPE_SYN_REPLY, flags, 4 + block.len());
-                dst.put_u32(stream_id & 0x7fff_ffff);
-                dst.put_slice(&block);
-            }
+            } => self.put_headers_frame(dst, TYPE_SYN_REPLY, flags, stream_id, &headers)?,
             Frame::Headers {
                 stream_id,
                 flags,
                 headers,
-            } => {
-                let block = self.compress_headers(&headers)?;
-                put_control_header(dst, TYPE_HEADERS, flags, 4 + block.len());
-                dst.put_u32(stream_id & 0x7fff_ffff);
-                dst.put_slice(&block);
-            }
+            } => self.put_headers_frame(dst, TYPE_HEADERS, flags, stream_id, &headers)?,
             Frame::RstStream { stream_id, status } => {
                 put_control_header(dst, TYPE_RST_STREAM, 0, 8);
                 dst.put_u32(stream_id & 0x7fff_ffff);
