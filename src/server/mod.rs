@@ -9,6 +9,7 @@
 mod authority;
 pub mod deadline;
 mod hpack;
+mod quiet_socket;
 pub mod rpc;
 mod service;
 pub mod socket;
@@ -196,7 +197,11 @@ impl CriService {
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(
                     UnixListenerStream::new(listener)
-                        .map(|accepted| accepted.map(authority::AuthorityRepair::new)),
+                        .map(|accepted| {
+                            accepted
+                                .and_then(quiet_socket::QuietUnixStream::new)
+                                .map(authority::AuthorityRepair::new)
+                        }),
                     cancel.cancelled_owned(),
                 )
                 .await;

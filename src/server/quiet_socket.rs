@@ -1,0 +1,195 @@
+//! A CRI client's connection that wakes crius only when the client sent something.
+//!
+//! tokio registers a socket for reading and writing at once, edge-triggered. On a unix
+//! socket every read by the peer frees room in crius's send buffer, so after each answer
+//! the client's read of it woke a crius worker for nothing (strace: an `EPOLLOUT` after
+//! every `writev`), and the client's `recvfrom` paid for that wake-up. Here the socket is
+//! registered for reading only; writes go straight to the socket, and only a write that
+//! finds the buffer full registers a second descriptor of it for writability, until the
+//! write goes through.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+
+pub struct QuietUnixStream {
+    socket: AsyncFd<UnixStream>,
+    /// A duplicate of the socket registered for writability while a write waits for room.
+    write_waiter: Option<AsyncFd<OwnedFd>>,
+}
+
+impl QuietUnixStream {
+    /// Takes over an accepted connection (non-blocking, as tokio made it).
+    pub fn new(stream: tokio::net::UnixStream) -> io::Result<Self> {
+        let socket = stream.into_std()?;
+        socket.set_nonblocking(true)?;
+        Ok(Self {
+            socket: register(socket, Interest::READABLE)?,
+            write_waiter: None,
+        })
+    }
+
+    /// Runs a write until it goes through or fails, waiting for room when the socket has
+    /// none.
+    fn poll_write_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut write: impl FnMut(&UnixStream) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            match write(self.socket.get_ref()) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => {
+                    // Room again: no more wake-ups for writability.
+                    self.write_waiter = None;
+                    return Poll::Ready(done);
+                }
+            }
+            if self.write_waiter.is_none() {
+                let duplicate = self.socket.get_ref().as_fd().try_clone_to_owned()?;
+                self.write_waiter = Some(register(duplicate, Interest::WRITABLE)?);
+            }
+            let Some(waiter) = &self.write_waiter else {
+                continue;
+            };
+            let mut ready = ready!(waiter.poll_write_ready(cx))?;
+            // The next write attempt decides; a new edge wakes this task again.
+            ready.clear_ready();
+        }
+    }
+}
+
+/// Registers an owned descriptor with the reactor for `interest` only.
+fn register<T: AsRawFd + Into<OwnedFd>>(io: T, interest: Interest) -> io::Result<AsyncFd<T>> {
+    // SAFETY: `T` owns its descriptor (it converts into an OwnedFd): it stays open, the same
+    // descriptor, for as long as the AsyncFd holds it.
+    unsafe { AsyncFd::register_with_interest(io, interest) }.map_err(io::Error::from)
+}
+
+impl AsyncRead for QuietUnixStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            let mut ready = ready!(this.socket.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            let wanted = unfilled.len();
+            match ready.try_io(|socket| {
+                let mut socket = socket.get_ref();
+                socket.read(unfilled)
+            }) {
+                Ok(Ok(n)) => {
+                    // A short read emptied the socket: wait for the next edge rather than
+                    // find out with another read (as tokio's own sockets do).
+                    if n > 0 && n < wanted {
+                        ready.clear_ready();
+                    }
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for QuietUnixStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_write_with(cx, |mut socket| socket.write(buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_write_with(cx, |mut socket| socket.write_vectored(bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.socket.get_ref().shutdown(std::net::Shutdown::Write))
+    }
+}
+
+impl tonic::transport::server::Connected for QuietUnixStream {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn pair() -> (QuietUnixStream, tokio::net::UnixStream) {
+        let (ours, theirs) = tokio::net::UnixStream::pair().expect("socket pair");
+        (QuietUnixStream::new(ours).expect("quiet"), theirs)
+    }
+
+    #[tokio::test]
+    async fn reads_and_writes_go_through() {
+        let (mut quiet, mut peer) = pair();
+        peer.write_all(b"request").await.expect("write");
+        let mut buf = [0u8; 7];
+        quiet.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"request");
+        quiet.write_all(b"answer").await.expect("write");
+        let mut buf = [0u8; 6];
+        peer.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"answer");
+        quiet.shutdown().await.expect("shutdown");
+        assert_eq!(peer.read(&mut buf).await.expect("end"), 0);
+        drop(peer);
+        assert_eq!(quiet.read(&mut buf).await.expect("end"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_write_larger_than_the_socket_buffer_waits_for_the_peer_to_read() {
+        let (mut quiet, mut peer) = pair();
+        let big = vec![7u8; 8 * 1024 * 1024];
+        let expected = big.len();
+        let writer = tokio::spawn(async move {
+            quiet.write_all(&big).await.expect("write everything");
+            quiet
+        });
+        // Let the writer fill the buffer and wait before anything is read.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut received = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        while received.len() < expected {
+            let n = peer.read(&mut chunk).await.expect("read");
+            assert_ne!(n, 0, "the writer stopped early");
+            received.extend_from_slice(&chunk[..n]);
+        }
+        let quiet = tokio::time::timeout(std::time::Duration::from_secs(10), writer)
+            .await
+            .expect("the blocked write was woken when room came back")
+            .expect("writer");
+        assert!(received.iter().all(|b| *b == 7));
+        assert!(quiet.write_waiter.is_none(), "the waiter is gone once written");
+    }
+}
