@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds crius's shim (containerd-shim-crius-v2) small and static, since one runs per pod:
+# Builds crius's shim (containerd-shim-crius-v2, and its exec helper crius-exec-helper)
+# small and static, since one runs per pod:
 # against musl when rustup has its target (or can add it), else against glibc's static
 # libc. The binary goes to target/crius-shim/, where the test bed and `make run` take it.
 set -euo pipefail
@@ -18,5 +19,8 @@ else
 fi
 RUSTFLAGS="$flags" cargo build -p crius-shim --profile shim --target "$target"
 mkdir -p "$OUT"
-install -m 0755 "target/$target/shim/containerd-shim-crius-v2" "$OUT/"
-echo "[shim] $OUT/containerd-shim-crius-v2 ($target, $(stat -c %s "$OUT/containerd-shim-crius-v2") bytes)" >&2
+# The exec helper goes beside the shim, where the shim looks for it.
+for bin in containerd-shim-crius-v2 crius-exec-helper; do
+  install -m 0755 "target/$target/shim/$bin" "$OUT/"
+  echo "[shim] $OUT/$bin ($target, $(stat -c %s "$OUT/$bin") bytes)" >&2
+done

@@ -40,7 +40,9 @@ else
   BIN=$TARGET_DIR/$PROFILE/crius
 fi
 SHIM=$TARGET_DIR/crius-shim/containerd-shim-crius-v2
-for built in "$BIN" "$SHIM"; do
+# The shim's exec helper: beside the shim, where the shim looks for it.
+EXEC_HELPER=$TARGET_DIR/crius-shim/crius-exec-helper
+for built in "$BIN" "$SHIM" "$EXEC_HELPER"; do
   if [ ! -x "$built" ]; then
     log "$built is missing: build it first (make release; make build shim for PROFILE=debug)"
     exit 1
@@ -49,7 +51,8 @@ done
 
 install -D -m 0755 "$BIN" "$DESTDIR$BINDIR/crius"
 install -D -m 0755 "$SHIM" "$DESTDIR$BINDIR/containerd-shim-crius-v2"
-log "installed crius and containerd-shim-crius-v2 in $DESTDIR$BINDIR"
+install -D -m 0755 "$EXEC_HELPER" "$DESTDIR$BINDIR/crius-exec-helper"
+log "installed crius, containerd-shim-crius-v2 and crius-exec-helper in $DESTDIR$BINDIR"
 
 install -d -m 0755 "$DESTDIR$UNITDIR"
 sed -e "s|@BINDIR@|$BINDIR|g" -e "s|@SYSCONFDIR@|$SYSCONFDIR|g" \

@@ -13,11 +13,14 @@ mkdir -p "$RUN_DIR"
 
 # containerd finds crius's shim (the default handler's) on its PATH: put the one just built
 # where every containerd looks, /usr/local/bin.
-SHIM=$ROOT/target/crius-shim/containerd-shim-crius-v2
-if ! cmp -s "$SHIM" /usr/local/bin/containerd-shim-crius-v2; then
-  echo "[run] installing $SHIM to /usr/local/bin" >&2
-  install -m 0755 "$SHIM" /usr/local/bin/containerd-shim-crius-v2
-fi
+# Its exec helper goes beside it.
+for bin in containerd-shim-crius-v2 crius-exec-helper; do
+  built=$ROOT/target/crius-shim/$bin
+  if ! cmp -s "$built" "/usr/local/bin/$bin"; then
+    echo "[run] installing $built to /usr/local/bin" >&2
+    install -m 0755 "$built" "/usr/local/bin/$bin"
+  fi
+done
 
 config_args=()
 if [ -n "${CRIUS_CONFIG:-}" ]; then

@@ -42,6 +42,37 @@ fn main() {
         .expect("generate the sandbox service");
     strip_inner_attributes(&dir);
     pack_static_relocations();
+    exec_helper_build_id();
+}
+
+/// The exec helper's sources: the shim and `crius-exec-helper` are built from them together.
+const EXEC_HELPER_SOURCES: &[&str] = &[
+    "src/caps.rs",
+    "src/direct_exec/cgroups.rs",
+    "src/direct_exec/child.rs",
+    "src/direct_exec/helper.rs",
+    "src/direct_exec/lookup.rs",
+    "src/direct_exec/spec.rs",
+];
+
+/// A digest of the exec helper's sources and the package version (FNV-1a, 64 bits), as
+/// `CRIUS_EXEC_HELPER_BUILD`: a helper binary of another build than the shim that runs it
+/// declines, and the exec goes to runc.
+fn exec_helper_build_id() {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    let mut feed = |bytes: &[u8]| {
+        for byte in bytes {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    feed(version.as_bytes());
+    for source in EXEC_HELPER_SOURCES {
+        println!("cargo:rerun-if-changed={source}");
+        feed(&std::fs::read(source).expect("read an exec helper source"));
+    }
+    println!("cargo:rustc-env=CRIUS_EXEC_HELPER_BUILD={hash:016x}");
 }
 
 /// The static-pie shim relocates itself at start-up from a table that stays mapped in every

@@ -39,6 +39,7 @@ fn install_stages_the_binaries_unit_config_and_network_under_destdir() {
     for binary in [
         "usr/local/bin/crius",
         "usr/local/bin/containerd-shim-crius-v2",
+        "usr/local/bin/crius-exec-helper",
     ] {
         let mode = std::fs::metadata(stage.join(binary))
             .unwrap_or_else(|e| panic!("{binary}: {e}"))

@@ -38,7 +38,8 @@ fn main() {
     if args.len() == 1 && args[0] == holder::PAUSE_ACTION {
         holder::pause();
     }
-    // An exec the shim runs itself: it runs its binary from memory for it.
+    // An exec the shim runs itself, where crius-exec-helper is not installed beside it: the
+    // shim runs a sealed copy of its own binary for it.
     if args.first().map(String::as_str) == Some(direct_exec::helper::ACTION) {
         direct_exec::helper::run(&args);
     }

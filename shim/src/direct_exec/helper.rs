@@ -1,5 +1,5 @@
-//! The exec helper: the shim binary, run from a sealed in-memory copy of itself, as a small
-//! `runc exec --detach`. It joins the container's cgroups and namespaces (through a pidfd of
+//! The exec helper (`crius-exec-helper`, or the shim binary itself where that is not
+//! installed beside it), run from a sealed in-memory copy, as a small `runc exec --detach`. It joins the container's cgroups and namespaces (through a pidfd of
 //! its init), forks the process in its PID namespace, becomes its user with its
 //! capabilities, and execs the program; it writes the process's pid to the pid file and
 //! its failures to runc's log for this bundle, in runc's words.
@@ -39,6 +39,10 @@ pub const EXECS: u8 = b'!';
 /// The most of the child's failure report the helper reads.
 const MAX_REPORT: u64 = 64 * 1024;
 
+/// The build of the helper's sources (build.rs): the shim and the helper it runs must be
+/// of one build, since the command line is theirs alone.
+pub const BUILD: &str = env!("CRIUS_EXEC_HELPER_BUILD");
+
 /// What the helper is told on its command line.
 #[derive(Debug, PartialEq, Eq)]
 pub struct HelperArgs {
@@ -50,25 +54,32 @@ pub struct HelperArgs {
 }
 
 impl HelperArgs {
-    /// The command line after the action.
+    /// The command line: the action, the build and the log first, in every build, so that
+    /// a helper of another build can still say where it declines.
+    #[allow(dead_code)] // crius-exec-helper only reads its command line.
     pub fn to_args(&self) -> Vec<std::ffi::OsString> {
         vec![
             ACTION.into(),
+            BUILD.into(),
+            self.log.clone().into(),
             self.process.clone().into(),
             self.pid_file.clone().into(),
-            self.log.clone().into(),
             self.keyring.clone().into(),
         ]
     }
 
     pub fn parse(args: &[String]) -> Option<Self> {
         match args {
-            [action, process, pid_file, log, keyring] if action == ACTION => Some(Self {
-                process: process.into(),
-                pid_file: pid_file.into(),
-                log: log.into(),
-                keyring: keyring.clone(),
-            }),
+            [action, build, log, process, pid_file, keyring]
+                if action == ACTION && build == BUILD =>
+            {
+                Some(Self {
+                    process: process.into(),
+                    pid_file: pid_file.into(),
+                    log: log.into(),
+                    keyring: keyring.clone(),
+                })
+            }
             _ => None,
         }
     }
@@ -77,16 +88,22 @@ impl HelperArgs {
 /// Runs the helper and exits: 0 when the process runs, 1 when it could not be started (the
 /// reason in the log).
 pub fn run(args: &[String]) -> ! {
-    let Some(args) = HelperArgs::parse(args) else {
-        std::process::exit(2);
+    let log = args.get(2).and_then(|path| {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .ok()
+    });
+    let outcome = match HelperArgs::parse(args) {
+        Some(args) => execute(&args),
+        None if args.get(1).map(String::as_str) != Some(BUILD) => Err(format!(
+            "{DECLINED}the exec helper is of another build than the shim"
+        )),
+        None => Err("exec failed: the exec helper's command line is malformed".to_string()),
     };
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(&args.log)
-        .ok();
-    match execute(&args) {
+    match outcome {
         Ok(()) => std::process::exit(0),
         Err(message) => {
             if let Some(mut log) = log {
@@ -300,7 +317,11 @@ mod tests {
             .map(|a| a.into_string().expect("utf-8"))
             .collect();
         assert_eq!(HelperArgs::parse(&line), Some(args));
+        assert_eq!(line[2], "/b/log.json", "the log stays third in every build");
         assert_eq!(HelperArgs::parse(&line[..4]), None);
         assert_eq!(HelperArgs::parse(&["pause".to_string()]), None);
+        let mut other_build = line.clone();
+        other_build[1] = "0123456789abcdef".to_string();
+        assert_eq!(HelperArgs::parse(&other_build), None);
     }
 }

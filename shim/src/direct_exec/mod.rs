@@ -1,7 +1,7 @@
 //! The shim's own exec: for a container runc made, an exec whose spec asks nothing runc
-//! alone does runs through the exec helper (`helper.rs`, the shim's binary run sealed, see
-//! `seal.rs`) rather than `runc exec`, which starts two Go programs (`runc` and `runc init`)
-//! and takes most of an exec probe's time. Anything else goes to runc as before: a
+//! alone does runs through the exec helper (`helper.rs`, run from a sealed copy, see
+//! `seal.rs`) rather than `runc exec`, which starts two Go programs (`runc` and `runc
+//! init`) and takes most of an exec probe's time. Anything else goes to runc as before: a
 //! terminal, an LSM label, seccomp, a user or time namespace, a personality, Intel RDT,
 //! systemd cgroups, a runtime other than runc, a kernel older than 5.11 (`setns` on a
 //! pidfd came in 5.8, `close_range` in 5.9; 5.11 leaves a margin of fixes to both).
@@ -119,8 +119,8 @@ pub struct Prepared {
     binary: OwnedFd,
 }
 
-/// Gets an exec ready to run through the helper (off the async threads: the first exec
-/// seals the binary, or each copies it). An error here means runc should run it instead.
+/// Gets an exec ready to run through the helper (off the async threads: it copies the
+/// helper's binary). An error here means runc should run it instead.
 pub async fn prepare(target: &ExecTarget) -> std::io::Result<Prepared> {
     let init = target.init.try_clone()?;
     let binary = tokio::task::spawn_blocking(seal::sealed_binary)
