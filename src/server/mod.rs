@@ -196,12 +196,11 @@ impl CriService {
                 .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener)
-                        .map(|accepted| {
-                            accepted
-                                .and_then(quiet_socket::QuietUnixStream::new)
-                                .map(authority::AuthorityRepair::new)
-                        }),
+                    UnixListenerStream::new(listener).map(|accepted| {
+                        accepted
+                            .and_then(quiet_socket::QuietUnixStream::new)
+                            .map(authority::AuthorityRepair::new)
+                    }),
                     cancel.cancelled_owned(),
                 )
                 .await;

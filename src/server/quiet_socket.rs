@@ -190,6 +190,9 @@ mod tests {
             .expect("the blocked write was woken when room came back")
             .expect("writer");
         assert!(received.iter().all(|b| *b == 7));
-        assert!(quiet.write_waiter.is_none(), "the waiter is gone once written");
+        assert!(
+            quiet.write_waiter.is_none(),
+            "the waiter is gone once written"
+        );
     }
 }

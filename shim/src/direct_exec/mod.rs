@@ -175,9 +175,13 @@ pub async fn exec(
     ran
 }
 
-/// Whether the helper refused the exec before touching the container (runc should run it).
+/// Whether the helper refused the exec before touching the container, or could not be
+/// started at all (say, a policy against executable memfds): runc should run it.
 pub fn declined(error: &RuncError) -> bool {
-    matches!(error, RuncError::Failed { message, .. } if message.starts_with(helper::DECLINED))
+    match error {
+        RuncError::Failed { message, .. } => message.starts_with(helper::DECLINED),
+        RuncError::Spawn { .. } => true,
+    }
 }
 
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
@@ -257,7 +261,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_helpers_refusals_send_an_exec_to_runc() {
+    fn the_helpers_refusals_and_a_helper_that_cannot_start_send_an_exec_to_runc() {
         let failed = |message: String| RuncError::Failed {
             verb: "exec",
             message,
@@ -266,6 +270,10 @@ mod tests {
         assert!(!declined(&failed(
             "exec failed: cannot exec in a paused container".into()
         )));
+        assert!(declined(&RuncError::Spawn {
+            verb: "exec",
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        }));
     }
 
     #[test]
