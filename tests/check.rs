@@ -125,6 +125,40 @@ fn each_broken_part_fails_with_what_to_do() {
 }
 
 #[test]
+fn a_shim_without_its_exec_helper_beside_it_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Crius::config(dir.path());
+    // crius's shim alone in a directory that comes first on the PATH.
+    let lone = dir.path().join("bin");
+    std::fs::create_dir_all(&lone).unwrap();
+    let shim = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|dir| dir.join("containerd-shim-crius-v2"))
+        .find(|candidate| candidate.is_file())
+        .expect("crius's shim on the test bed's PATH");
+    std::os::unix::fs::symlink(&shim, lone.join("containerd-shim-crius-v2")).unwrap();
+    let path = std::env::join_paths(
+        std::iter::once(lone.clone())
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, toml::to_string(&config).unwrap()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
+        .args(["check", "--config"])
+        .arg(&config_path)
+        .env("PATH", path)
+        .output()
+        .expect("run crius check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = "warn runtime runc (default): shim containerd-shim-crius-v2, ";
+    assert!(text.contains(line), "{line:?} missing:\n{text}");
+    assert!(
+        text.contains("no crius-exec-helper beside the shim (each exec copies the whole shim) -> install crius-exec-helper in the shim's directory"),
+        "{text}"
+    );
+}
+
+#[test]
 fn an_invalid_config_is_a_failed_check() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.toml");

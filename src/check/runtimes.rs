@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{Finding, PROBE_TIMEOUT, find_executable};
-use crate::config::{Config, RUNC_RUNTIME_TYPES, RuntimeConfig};
+use crate::config::{CRIUS_SHIM, Config, RUNC_RUNTIME_TYPES, RuntimeConfig};
 
 /// The most of a probed binary's output that is read.
 const MAX_PROBE_OUTPUT: usize = 1024 * 1024;
@@ -31,13 +31,13 @@ async fn check_runtime(name: &str, runtime: &RuntimeConfig) -> Finding {
             "use a runtime_type like io.containerd.runc.v2",
         );
     };
-    if find_executable(&shim).is_none() {
+    let Some(found) = find_executable(&shim) else {
         return Finding::fail(
             name,
             format!("shim {} not found on the PATH", shim.display()),
             "install it where containerd finds it (make install puts crius's in /usr/local/bin)",
         );
-    }
+    };
     if !RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str()) {
         return Finding::pass(name, format!("shim {}", shim.display()));
     }
@@ -60,10 +60,23 @@ async fn check_runtime(name: &str, runtime: &RuntimeConfig) -> Finding {
         Some(json) => describe_features(&json),
         None => "features not reported (an older runtime)".to_string(),
     };
-    Finding::pass(
-        name,
-        format!("shim {}, {}: {features}", shim.display(), oci.display()),
-    )
+    let detail = format!("shim {}, {}: {features}", shim.display(), oci.display());
+    if runtime.runtime_type == CRIUS_SHIM && !has_exec_helper_beside(&found) {
+        return Finding::warn(
+            name,
+            format!("{detail}; no {EXEC_HELPER} beside the shim (each exec copies the whole shim)"),
+            format!("install {EXEC_HELPER} in the shim's directory (make install does)"),
+        );
+    }
+    Finding::pass(name, detail)
+}
+
+/// crius's shim runs its execs from a copy of this binary beside it.
+const EXEC_HELPER: &str = "crius-exec-helper";
+
+fn has_exec_helper_beside(shim: &Path) -> bool {
+    shim.parent()
+        .is_some_and(|dir| find_executable(&dir.join(EXEC_HELPER)).is_some())
 }
 
 /// containerd's shim binary for a runtime type: `io.containerd.runc.v2` runs
