@@ -28,6 +28,7 @@ pub mod mount;
 pub mod netns;
 pub mod oci;
 pub mod protos;
+pub mod quiet_socket;
 pub mod recovery;
 pub mod sandboxer;
 pub mod server;

@@ -206,6 +206,7 @@ async fn dial(path: &Path) -> Result<Channel, String> {
             let path = path.clone();
             async move {
                 let stream = tokio::net::UnixStream::connect(&path).await?;
+                let stream = crate::quiet_socket::QuietUnixStream::new(stream)?;
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
         }))

@@ -9,7 +9,6 @@
 mod authority;
 pub mod deadline;
 mod hpack;
-mod quiet_socket;
 pub mod rpc;
 mod service;
 pub mod socket;
@@ -198,7 +197,7 @@ impl CriService {
                 .serve_with_incoming_shutdown(
                     UnixListenerStream::new(listener).map(|accepted| {
                         accepted
-                            .and_then(quiet_socket::QuietUnixStream::new)
+                            .and_then(crate::quiet_socket::QuietUnixStream::new)
                             .map(authority::AuthorityRepair::new)
                     }),
                     cancel.cancelled_owned(),

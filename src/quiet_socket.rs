@@ -1,9 +1,10 @@
-//! A CRI client's connection that wakes crius only when the client sent something.
+//! A unix socket connection that wakes crius only when the peer sent something: the CRI
+//! clients' connections and crius's own to containerd.
 //!
 //! tokio registers a socket for reading and writing at once, edge-triggered. On a unix
-//! socket every read by the peer frees room in crius's send buffer, so after each answer
-//! the client's read of it woke a crius worker for nothing (strace: an `EPOLLOUT` after
-//! every `writev`), and the client's `recvfrom` paid for that wake-up. Here the socket is
+//! socket every read by the peer frees room in crius's send buffer, so after each message
+//! the peer's read of it woke a crius worker for nothing (strace: an `EPOLLOUT` after
+//! every `writev`), and the peer's `recvfrom` paid for that wake-up. Here the socket is
 //! registered for reading only; writes go straight to the socket, and only a write that
 //! finds the buffer full registers a second descriptor of it for writability, until the
 //! write goes through.
@@ -24,7 +25,7 @@ pub struct QuietUnixStream {
 }
 
 impl QuietUnixStream {
-    /// Takes over an accepted connection (non-blocking, as tokio made it).
+    /// Takes over a connection (non-blocking, as tokio made it).
     pub fn new(stream: tokio::net::UnixStream) -> io::Result<Self> {
         let socket = stream.into_std()?;
         socket.set_nonblocking(true)?;
