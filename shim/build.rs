@@ -45,15 +45,10 @@ fn main() {
     exec_helper_build_id();
 }
 
-/// The exec helper's sources: the shim and `crius-exec-helper` are built from them together.
-const EXEC_HELPER_SOURCES: &[&str] = &[
-    "src/caps.rs",
-    "src/direct_exec/cgroups.rs",
-    "src/direct_exec/child.rs",
-    "src/direct_exec/helper.rs",
-    "src/direct_exec/lookup.rs",
-    "src/direct_exec/spec.rs",
-];
+/// The exec helper's sources besides `src/direct_exec/` (all of which counts): the shim and
+/// `crius-exec-helper` are built from them together.
+const EXEC_HELPER_SOURCES: &[&str] = &["src/caps.rs", "src/exec_helper.rs"];
+const EXEC_HELPER_DIR: &str = "src/direct_exec";
 
 /// A digest of the exec helper's sources and the package version (FNV-1a, 64 bits), as
 /// `CRIUS_EXEC_HELPER_BUILD`: a helper binary of another build than the shim that runs it
@@ -68,8 +63,18 @@ fn exec_helper_build_id() {
         }
     };
     feed(version.as_bytes());
+    println!("cargo:rerun-if-changed={EXEC_HELPER_DIR}");
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(EXEC_HELPER_DIR)
+        .expect("read the exec helper's directory")
+        .map(|entry| entry.expect("an exec helper source").path())
+        .collect();
+    sources.sort();
     for source in EXEC_HELPER_SOURCES {
         println!("cargo:rerun-if-changed={source}");
+        sources.push(PathBuf::from(source));
+    }
+    for source in &sources {
+        feed(source.to_string_lossy().as_bytes());
         feed(&std::fs::read(source).expect("read an exec helper source"));
     }
     println!("cargo:rustc-env=CRIUS_EXEC_HELPER_BUILD={hash:016x}");

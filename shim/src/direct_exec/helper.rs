@@ -85,9 +85,16 @@ impl HelperArgs {
     }
 }
 
+/// What a helper of another build than the shim answers (it declines: runc runs the exec).
+pub const OTHER_BUILD: &str = "the exec helper is of another build than the shim";
+
 /// Runs the helper and exits: 0 when the process runs, 1 when it could not be started (the
 /// reason in the log).
 pub fn run(args: &[String]) -> ! {
+    if args.first().map(String::as_str) != Some(ACTION) {
+        eprintln!("crius-exec-helper: run by crius's shim only");
+        std::process::exit(2);
+    }
     let log = args.get(2).and_then(|path| {
         std::fs::OpenOptions::new()
             .append(true)
@@ -98,9 +105,9 @@ pub fn run(args: &[String]) -> ! {
     });
     let outcome = match HelperArgs::parse(args) {
         Some(args) => execute(&args),
-        None if args.get(1).map(String::as_str) != Some(BUILD) => Err(format!(
-            "{DECLINED}the exec helper is of another build than the shim"
-        )),
+        None if args.get(1).map(String::as_str) != Some(BUILD) => {
+            Err(format!("{DECLINED}{OTHER_BUILD}"))
+        }
         None => Err("exec failed: the exec helper's command line is malformed".to_string()),
     };
     match outcome {

@@ -179,7 +179,13 @@ pub async fn exec(
 /// started at all (say, a policy against executable memfds): runc should run it.
 pub fn declined(error: &RuncError) -> bool {
     match error {
-        RuncError::Failed { message, .. } => message.starts_with(helper::DECLINED),
+        RuncError::Failed { message, .. } => {
+            if message.ends_with(helper::OTHER_BUILD) {
+                // The shim's own copy serves its next execs.
+                seal::helper_is_of_another_build();
+            }
+            message.starts_with(helper::DECLINED)
+        }
         RuncError::Spawn { .. } => true,
     }
 }

@@ -13,6 +13,7 @@
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The exec helper's file name, beside the shim's binary.
 pub const HELPER_NAME: &str = "crius-exec-helper";
@@ -23,16 +24,33 @@ const LOWEST_BINARY_FD: libc::c_int = 10;
 /// `MFD_EXEC` (Linux 6.3): an executable memfd where `vm.memfd_noexec` would refuse one.
 const MFD_EXEC: libc::c_uint = 0x10;
 
+/// Set once the helper beside the shim turned out to be of another build (crius was
+/// upgraded on disk under a running shim): from then on this shim copies itself.
+static HELPER_OF_ANOTHER_BUILD: AtomicBool = AtomicBool::new(false);
+
 /// A sealed binary of the exec helper for one exec (blocking: it copies the binary).
 pub fn sealed_binary() -> std::io::Result<OwnedFd> {
-    let source = match std::fs::read_link("/proc/self/exe")
-        .ok()
-        .and_then(|exe| helper_beside(&exe))
-    {
-        Some(helper) => helper,
-        None => File::open("/proc/self/exe")?,
+    let helper = if !takes_helper_beside() {
+        None
+    } else {
+        std::fs::read_link("/proc/self/exe")
+            .ok()
+            .and_then(|exe| helper_beside(&exe))
     };
-    memfd_copy(source)
+    match helper {
+        Some(helper) => memfd_copy(helper),
+        None => memfd_copy(File::open("/proc/self/exe")?),
+    }
+}
+
+/// Whether execs copy the helper beside the shim (else the shim's own binary).
+fn takes_helper_beside() -> bool {
+    !HELPER_OF_ANOTHER_BUILD.load(Ordering::Relaxed)
+}
+
+/// Notes that the helper beside the shim declined for being of another build.
+pub fn helper_is_of_another_build() {
+    HELPER_OF_ANOTHER_BUILD.store(true, Ordering::Relaxed);
 }
 
 /// `crius-exec-helper` in the directory of the binary `exe`, when it is installed there.
@@ -88,6 +106,20 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::EPERM));
         let err = file.set_len(1).expect_err("sealed");
         assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    }
+
+    #[test]
+    fn a_helper_of_another_build_is_not_copied_again() {
+        let declined = crate::runc::RuncError::Failed {
+            verb: "exec",
+            message: format!(
+                "{}{}",
+                super::super::helper::DECLINED,
+                super::super::helper::OTHER_BUILD
+            ),
+        };
+        assert!(super::super::declined(&declined));
+        assert!(!takes_helper_beside());
     }
 
     #[test]
