@@ -9,7 +9,7 @@
 //! finds the buffer full registers a second descriptor of it for writability, until the
 //! write goes through.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
@@ -22,6 +22,9 @@ pub struct QuietUnixStream {
     socket: AsyncFd<UnixStream>,
     /// A duplicate of the socket registered for writability while a write waits for room.
     write_waiter: Option<AsyncFd<OwnedFd>>,
+    /// Nothing read yet: the first read tries the socket before waiting for an edge (a new
+    /// connection's first bytes are usually there already).
+    fresh: bool,
 }
 
 impl QuietUnixStream {
@@ -32,6 +35,7 @@ impl QuietUnixStream {
         Ok(Self {
             socket: register(socket, Interest::READABLE)?,
             write_waiter: None,
+            fresh: true,
         })
     }
 
@@ -79,27 +83,46 @@ impl AsyncRead for QuietUnixStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if std::mem::take(&mut this.fresh) {
+            match read_into(this.socket.get_ref(), buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done.map(|_| ())),
+            }
+        }
         loop {
             let mut ready = ready!(this.socket.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
-            let wanted = unfilled.len();
-            match ready.try_io(|socket| {
-                let mut socket = socket.get_ref();
-                socket.read(unfilled)
-            }) {
+            let wanted = buf.remaining();
+            match ready.try_io(|socket| read_into(socket.get_ref(), buf)) {
                 Ok(Ok(n)) => {
                     // A short read emptied the socket: wait for the next edge rather than
                     // find out with another read (as tokio's own sockets do).
                     if n > 0 && n < wanted {
                         ready.clear_ready();
                     }
-                    buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
                 Ok(Err(e)) => return Poll::Ready(Err(e)),
                 Err(_would_block) => continue,
             }
         }
+    }
+}
+
+/// One `read` into the unfilled part of `buf` (not zeroed first), which it then fills.
+fn read_into(socket: &UnixStream, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+    // SAFETY: the kernel only writes to the unfilled part, and the bytes it reports written
+    // are then marked initialized and filled.
+    unsafe {
+        let unfilled = buf.unfilled_mut();
+        let n = libc::read(
+            socket.as_raw_fd(),
+            unfilled.as_mut_ptr().cast(),
+            unfilled.len(),
+        );
+        let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+        buf.assume_init(n);
+        buf.advance(n);
+        Ok(n)
     }
 }
 
@@ -166,6 +189,20 @@ mod tests {
         assert_eq!(peer.read(&mut buf).await.expect("end"), 0);
         drop(peer);
         assert_eq!(quiet.read(&mut buf).await.expect("end"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_write_waiting_for_room_ends_when_the_peer_goes_away() {
+        let (mut quiet, peer) = pair();
+        let writer = tokio::spawn(async move { quiet.write_all(&vec![1u8; 8 << 20]).await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        drop(peer);
+        let written = tokio::time::timeout(std::time::Duration::from_secs(10), writer)
+            .await
+            .expect("the blocked write was woken by the hang-up")
+            .expect("writer");
+        let err = written.expect_err("a write to a closed peer");
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe, "{err}");
     }
 
     #[tokio::test]
