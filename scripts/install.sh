@@ -49,9 +49,15 @@ for built in "$BIN" "$SHIM" "$EXEC_HELPER"; do
   fi
 done
 
-install -D -m 0755 "$BIN" "$DESTDIR$BINDIR/crius"
-install -D -m 0755 "$SHIM" "$DESTDIR$BINDIR/containerd-shim-crius-v2"
-install -D -m 0755 "$EXEC_HELPER" "$DESTDIR$BINDIR/crius-exec-helper"
+# Each binary goes in under a temporary name and is renamed over the old one: a running
+# shim that copies its exec helper meanwhile reads the old file or the new, never half of one.
+install_binary() { # built, installed name
+  install -D -m 0755 "$1" "$DESTDIR$BINDIR/.$2.new"
+  mv -f "$DESTDIR$BINDIR/.$2.new" "$DESTDIR$BINDIR/$2"
+}
+install_binary "$BIN" crius
+install_binary "$SHIM" containerd-shim-crius-v2
+install_binary "$EXEC_HELPER" crius-exec-helper
 log "installed crius, containerd-shim-crius-v2 and crius-exec-helper in $DESTDIR$BINDIR"
 
 install -d -m 0755 "$DESTDIR$UNITDIR"

@@ -18,7 +18,9 @@ for bin in containerd-shim-crius-v2 crius-exec-helper; do
   built=$ROOT/target/crius-shim/$bin
   if ! cmp -s "$built" "/usr/local/bin/$bin"; then
     echo "[run] installing $built to /usr/local/bin" >&2
-    install -m 0755 "$built" "/usr/local/bin/$bin"
+    # Renamed into place: a running shim never reads half of one.
+    install -m 0755 "$built" "/usr/local/bin/.$bin.new"
+    mv -f "/usr/local/bin/.$bin.new" "/usr/local/bin/$bin"
   fi
 done
 

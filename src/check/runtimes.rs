@@ -74,9 +74,13 @@ async fn check_runtime(name: &str, runtime: &RuntimeConfig) -> Finding {
 /// crius's shim runs its execs from a copy of this binary beside it.
 const EXEC_HELPER: &str = "crius-exec-helper";
 
+/// Where the shim looks: beside its own binary, links resolved (it reads the helper, so the
+/// helper need not be executable).
 fn has_exec_helper_beside(shim: &Path) -> bool {
-    shim.parent()
-        .is_some_and(|dir| find_executable(&dir.join(EXEC_HELPER)).is_some())
+    std::fs::canonicalize(shim)
+        .ok()
+        .and_then(|shim| Some(shim.parent()?.join(EXEC_HELPER)))
+        .is_some_and(|helper| helper.is_file())
 }
 
 /// containerd's shim binary for a runtime type: `io.containerd.runc.v2` runs
