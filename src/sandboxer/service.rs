@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::net::UnixListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -27,7 +28,11 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .add_service(ControllerServer::new(ControllerService(controller)))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), cancel.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener)
+                .map(|accepted| accepted.and_then(crate::quiet_socket::QuietUnixStream::new)),
+            cancel.cancelled_owned(),
+        )
         .await
 }
 
