@@ -55,12 +55,13 @@ impl QuietUnixStream {
                     return Poll::Ready(done);
                 }
             }
-            if self.write_waiter.is_none() {
-                let duplicate = self.socket.get_ref().as_fd().try_clone_to_owned()?;
-                self.write_waiter = Some(register(duplicate, Interest::WRITABLE)?);
-            }
-            let Some(waiter) = &self.write_waiter else {
-                continue;
+            let waiter = match &mut self.write_waiter {
+                Some(waiter) => waiter,
+                None => {
+                    let duplicate = self.socket.get_ref().as_fd().try_clone_to_owned()?;
+                    self.write_waiter
+                        .insert(register(duplicate, Interest::WRITABLE)?)
+                }
             };
             let mut ready = ready!(waiter.poll_write_ready(cx))?;
             // The next write attempt decides; a new edge wakes this task again.
@@ -167,11 +168,54 @@ impl tonic::transport::server::Connected for QuietUnixStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn pair() -> (QuietUnixStream, tokio::net::UnixStream) {
         let (ours, theirs) = tokio::net::UnixStream::pair().expect("socket pair");
         (QuietUnixStream::new(ours).expect("quiet"), theirs)
+    }
+
+    /// The events `fd` is registered for in any epoll instance of this process.
+    fn epoll_events(fd: i32) -> Option<u32> {
+        for entry in std::fs::read_dir("/proc/self/fdinfo").ok()? {
+            let Ok(text) = std::fs::read_to_string(entry.ok()?.path()) else {
+                continue;
+            };
+            for line in text.lines() {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                if let ["tfd:", tfd, "events:", events, ..] = words.as_slice()
+                    && tfd.parse() == Ok(fd)
+                {
+                    return u32::from_str_radix(events, 16).ok();
+                }
+            }
+        }
+        None
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_registered_for_reading_only_until_a_write_waits() {
+        let (mut quiet, peer) = pair();
+        let ours = epoll_events(quiet.socket.get_ref().as_raw_fd()).expect("registered");
+        assert_ne!(ours & libc::EPOLLIN as u32, 0, "{ours:x}");
+        assert_eq!(ours & libc::EPOLLOUT as u32, 0, "{ours:x}");
+        // What tokio's own socket asks for, and this one does not.
+        let theirs = epoll_events(peer.as_raw_fd()).expect("registered");
+        assert_ne!(theirs & libc::EPOLLOUT as u32, 0, "{theirs:x}");
+        // A write that finds no room waits on a duplicate registered for writing only.
+        let big = vec![0u8; 8 << 20];
+        let write = quiet.write_all(&big);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), write)
+                .await
+                .is_err(),
+            "an 8 MiB write fit in the socket"
+        );
+        let waiter = quiet.write_waiter.as_ref().expect("a write waiter");
+        let waiting = epoll_events(waiter.get_ref().as_raw_fd()).expect("registered");
+        assert_ne!(waiting & libc::EPOLLOUT as u32, 0, "{waiting:x}");
+        assert_eq!(waiting & libc::EPOLLIN as u32, 0, "{waiting:x}");
     }
 
     #[tokio::test]
