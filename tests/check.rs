@@ -6,12 +6,18 @@ mod common;
 use common::{Crius, Testbed, bridge_conflist};
 
 fn check(config: &crius::config::Config) -> (bool, String) {
+    check_with_path(config, std::env::var_os("PATH").unwrap_or_default())
+}
+
+/// `crius check` with `path` as its PATH.
+fn check_with_path(config: &crius::config::Config, path: std::ffi::OsString) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.toml");
-    std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, toml::to_string(config).unwrap()).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
         .args(["check", "--config"])
-        .arg(&path)
+        .arg(&config_path)
+        .env("PATH", path)
         .output()
         .expect("run crius check");
     (
@@ -141,15 +147,7 @@ fn a_shim_without_its_exec_helper_beside_it_is_a_warning() {
             .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
     )
     .unwrap();
-    let config_path = dir.path().join("config.toml");
-    std::fs::write(&config_path, toml::to_string(&config).unwrap()).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crius"))
-        .args(["check", "--config"])
-        .arg(&config_path)
-        .env("PATH", path)
-        .output()
-        .expect("run crius check");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (_, text) = check_with_path(&config, path);
     let line = "warn runtime runc (default): shim containerd-shim-crius-v2, ";
     assert!(text.contains(line), "{line:?} missing:\n{text}");
     assert!(
