@@ -8,6 +8,14 @@
 //! registered for reading only; writes go straight to the socket, and only a write that
 //! finds the buffer full registers a second descriptor of it for writability, until the
 //! write goes through.
+//!
+//! The same holds the other way round for the peer: crius's read of a request frees room
+//! in the client's send buffer, which wakes a client registered for writability (grpc-go,
+//! tokio and grpc-core clients all are) before crius has answered, and on a busy CPU that
+//! wake-up runs ahead of crius's answer. So a server's connection ([`QuietUnixStream::server`])
+//! peeks at what the client sent and takes it off the socket only after its next write: the
+//! client is awake for the answer by then, and the room it gets back costs it no second
+//! wake-up (strace: one context switch of crius per request instead of two).
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -18,6 +26,12 @@ use std::task::{Context, Poll, ready};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
+/// `SO_PEEK_OFF` (asm-generic; libc does not name it for every Linux target).
+const SO_PEEK_OFF: libc::c_int = 42;
+/// The most bytes a server connection leaves on its socket after reading them (a polled
+/// read's request is a few hundred).
+const DEFER_LIMIT: usize = 16 * 1024;
+
 pub struct QuietUnixStream {
     socket: AsyncFd<UnixStream>,
     /// A duplicate of the socket registered for writability while a write waits for room.
@@ -25,6 +39,9 @@ pub struct QuietUnixStream {
     /// Nothing read yet: the first read tries the socket before waiting for an edge (a new
     /// connection's first bytes are usually there already).
     fresh: bool,
+    /// Bytes handed to the reader but left in the socket until the next write (see
+    /// [`QuietUnixStream::server`]); `None` when reads take the bytes at once.
+    deferred: Option<usize>,
 }
 
 impl QuietUnixStream {
@@ -36,7 +53,28 @@ impl QuietUnixStream {
             socket: register(socket, Interest::READABLE)?,
             write_waiter: None,
             fresh: true,
+            deferred: None,
         })
+    }
+
+    /// A server's connection: what the client sends is read with peeks (the kernel's peek
+    /// offset moves past what was read) and taken off the socket by the next write, or
+    /// before a read once [`DEFER_LIMIT`] bytes wait. Without `SO_PEEK_OFF` reads take
+    /// the bytes at once.
+    pub fn server(stream: tokio::net::UnixStream) -> io::Result<Self> {
+        let mut quiet = Self::new(stream)?;
+        if set_peek_offset(quiet.socket.get_ref()).is_ok() {
+            quiet.deferred = Some(0);
+        }
+        Ok(quiet)
+    }
+
+    /// Takes the bytes already handed to the reader off the socket.
+    fn take_off_deferred(&mut self) {
+        if let Some(deferred) = self.deferred.as_mut() {
+            // A failure leaves them counted; the next read or write finds the socket's error.
+            let _ = take_off(self.socket.get_ref(), deferred);
+        }
     }
 
     /// Runs a write until it goes through or fails, waiting for room when the socket has
@@ -47,7 +85,9 @@ impl QuietUnixStream {
         mut write: impl FnMut(&UnixStream) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         loop {
-            match write(self.socket.get_ref()) {
+            let written = write(self.socket.get_ref());
+            self.take_off_deferred();
+            match written {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 done => {
                     // Room again: no more wake-ups for writability.
@@ -85,7 +125,7 @@ impl AsyncRead for QuietUnixStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if std::mem::take(&mut this.fresh) {
-            match read_into(this.socket.get_ref(), buf) {
+            match read_once(this.socket.get_ref(), &mut this.deferred, buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 done => return Poll::Ready(done.map(|_| ())),
             }
@@ -93,7 +133,7 @@ impl AsyncRead for QuietUnixStream {
         loop {
             let mut ready = ready!(this.socket.poll_read_ready(cx))?;
             let wanted = buf.remaining();
-            match ready.try_io(|socket| read_into(socket.get_ref(), buf)) {
+            match ready.try_io(|socket| read_once(socket.get_ref(), &mut this.deferred, buf)) {
                 Ok(Ok(n)) => {
                     // A short read emptied the socket: wait for the next edge rather than
                     // find out with another read (as tokio's own sockets do).
@@ -109,16 +149,78 @@ impl AsyncRead for QuietUnixStream {
     }
 }
 
-/// One `read` into the unfilled part of `buf` (not zeroed first), which it then fills.
-fn read_into(socket: &UnixStream, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+/// One read: a peek when reads are deferred (the kernel's peek offset moves past what was
+/// handed out), else a read.
+fn read_once(
+    socket: &UnixStream,
+    deferred: &mut Option<usize>,
+    buf: &mut ReadBuf<'_>,
+) -> io::Result<usize> {
+    let Some(deferred) = deferred.as_mut() else {
+        return read_into(socket, buf, 0);
+    };
+    if *deferred >= DEFER_LIMIT {
+        take_off(socket, deferred)?;
+    }
+    let n = read_into(socket, buf, libc::MSG_PEEK)?;
+    *deferred += n;
+    Ok(n)
+}
+
+/// Takes `deferred` bytes, already handed to the reader, off the socket.
+fn take_off(socket: &UnixStream, deferred: &mut usize) -> io::Result<()> {
+    let mut scratch = [0u8; 4096];
+    while *deferred > 0 {
+        let want = (*deferred).min(scratch.len());
+        // SAFETY: `scratch` is valid for `want` bytes.
+        let n = unsafe { libc::recv(socket.as_raw_fd(), scratch.as_mut_ptr().cast(), want, 0) };
+        match usize::try_from(n) {
+            // The peer went away: nothing is left to take.
+            Ok(0) => *deferred = 0,
+            Ok(n) => *deferred -= n.min(*deferred),
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Makes peeks move past what earlier peeks returned (`SO_PEEK_OFF`, from offset 0).
+fn set_peek_offset(socket: &UnixStream) -> io::Result<()> {
+    let offset: libc::c_int = 0;
+    // SAFETY: a plain integer option on a socket this process owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEEK_OFF,
+            (&offset as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// One `recv` with `flags` into the unfilled part of `buf` (not zeroed first), which it then
+/// fills.
+fn read_into(socket: &UnixStream, buf: &mut ReadBuf<'_>, flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: the kernel only writes to the unfilled part, and the bytes it reports written
     // are then marked initialized and filled.
     unsafe {
         let unfilled = buf.unfilled_mut();
-        let n = libc::read(
+        let n = libc::recv(
             socket.as_raw_fd(),
             unfilled.as_mut_ptr().cast(),
             unfilled.len(),
+            flags,
         );
         let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
         buf.assume_init(n);
@@ -155,7 +257,9 @@ impl AsyncWrite for QuietUnixStream {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.socket.get_ref().shutdown(std::net::Shutdown::Write))
+        let this = self.get_mut();
+        this.take_off_deferred();
+        Poll::Ready(this.socket.get_ref().shutdown(std::net::Shutdown::Write))
     }
 }
 
@@ -174,6 +278,90 @@ mod tests {
     fn pair() -> (QuietUnixStream, tokio::net::UnixStream) {
         let (ours, theirs) = tokio::net::UnixStream::pair().expect("socket pair");
         (QuietUnixStream::new(ours).expect("quiet"), theirs)
+    }
+
+    fn server_pair() -> (QuietUnixStream, tokio::net::UnixStream) {
+        let (ours, theirs) = tokio::net::UnixStream::pair().expect("socket pair");
+        let quiet = QuietUnixStream::server(ours).expect("quiet");
+        assert!(quiet.deferred.is_some(), "SO_PEEK_OFF refused");
+        (quiet, theirs)
+    }
+
+    /// Bytes waiting in the socket's receive queue.
+    fn queued(quiet: &QuietUnixStream) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int.
+        let rc = unsafe { libc::ioctl(quiet.socket.get_ref().as_raw_fd(), libc::FIONREAD, &mut n) };
+        assert_eq!(rc, 0, "FIONREAD: {}", io::Error::last_os_error());
+        usize::try_from(n).expect("a count")
+    }
+
+    #[tokio::test]
+    async fn a_server_takes_a_request_off_the_socket_once_it_has_answered() {
+        let (mut quiet, mut peer) = server_pair();
+        peer.write_all(b"request").await.expect("write");
+        let mut buf = [0u8; 7];
+        quiet.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"request");
+        assert_eq!(queued(&quiet), 7, "read, and still on the socket");
+        peer.write_all(b"more").await.expect("write");
+        let mut buf = [0u8; 4];
+        quiet.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"more", "a second read goes on after the first");
+        assert_eq!(queued(&quiet), 11);
+        quiet.write_all(b"answer").await.expect("write");
+        assert_eq!(queued(&quiet), 0, "taken off by the answer");
+        let mut buf = [0u8; 6];
+        peer.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"answer");
+        // What comes after is read as before.
+        peer.write_all(b"next").await.expect("write");
+        let mut buf = [0u8; 4];
+        quiet.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"next");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_does_not_answer_leaves_at_most_the_limit_on_the_socket() {
+        let (mut quiet, mut peer) = server_pair();
+        let sent: Vec<u8> = (0..40 * 1024).map(|i| (i % 251) as u8).collect();
+        let writer = {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                peer.write_all(&sent).await.expect("write");
+                peer
+            })
+        };
+        let mut received = Vec::new();
+        let mut chunk = [0u8; 1024];
+        let mut most_left = 0;
+        while received.len() < sent.len() {
+            let n = quiet.read(&mut chunk).await.expect("read");
+            assert_ne!(n, 0, "ended early");
+            received.extend_from_slice(&chunk[..n]);
+            // Queued: what was read and left, and what is not read yet.
+            let left = queued(&quiet) - (sent.len() - received.len());
+            assert!(
+                left <= DEFER_LIMIT + chunk.len(),
+                "{left} bytes read and left"
+            );
+            most_left = most_left.max(left);
+        }
+        assert!(most_left >= DEFER_LIMIT, "only {most_left} bytes were left");
+        assert_eq!(received, sent, "every byte once, in order");
+        drop(writer.await.expect("writer"));
+    }
+
+    #[tokio::test]
+    async fn a_server_reads_what_a_client_sent_before_it_went_away() {
+        let (mut quiet, mut peer) = server_pair();
+        peer.write_all(b"last words").await.expect("write");
+        drop(peer);
+        let mut received = Vec::new();
+        quiet.read_to_end(&mut received).await.expect("read");
+        assert_eq!(received, b"last words");
+        quiet.shutdown().await.expect("shutdown");
+        assert_eq!(queued(&quiet), 0, "taken off by the shutdown");
     }
 
     /// The events `fd` is registered for in any epoll instance of this process.

@@ -30,7 +30,7 @@ pub async fn serve(
         .add_service(ControllerServer::new(ControllerService(controller)))
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener)
-                .map(|accepted| accepted.and_then(crate::quiet_socket::QuietUnixStream::new)),
+                .map(|accepted| accepted.and_then(crate::quiet_socket::QuietUnixStream::server)),
             cancel.cancelled_owned(),
         )
         .await

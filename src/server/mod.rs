@@ -197,7 +197,7 @@ impl CriService {
                 .serve_with_incoming_shutdown(
                     UnixListenerStream::new(listener).map(|accepted| {
                         accepted
-                            .and_then(crate::quiet_socket::QuietUnixStream::new)
+                            .and_then(crate::quiet_socket::QuietUnixStream::server)
                             .map(authority::AuthorityRepair::new)
                     }),
                     cancel.cancelled_owned(),
