@@ -19,6 +19,7 @@ use tonic::{Code, Status};
 
 use super::CriService;
 use super::deadline;
+use crate::metrics::RpcCall;
 
 /// The stream type of `GetContainerEvents`.
 pub type ContainerEventStream = Pin<
@@ -27,6 +28,11 @@ pub type ContainerEventStream = Pin<
 
 /// The stream type of the `Stream*` list RPCs.
 pub type ListStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// A call's answer with its type erased, so that what every RPC shares is compiled once.
+type AnyAnswer = Result<Box<dyn Any + Send>, Status>;
+/// A call's future with its type erased.
+type AnyCall = Pin<Box<dyn Future<Output = AnyAnswer> + Send>>;
 
 /// The largest CRI message crius sends or accepts (containerd uses the same bound).
 pub const MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
@@ -65,13 +71,41 @@ impl CriServer {
 
     /// Gates, times and logs one call, and bounds it by the client's deadline (`deadline`
     /// from gRPC metadata, else the ttrpc one in scope).
-    async fn instrument<T>(
+    async fn instrument(
         &self,
         rpc: &'static str,
         ids: String,
         deadline: Option<tokio::time::Instant>,
-        call: impl Future<Output = Result<T, Status>>,
-    ) -> Result<T, Status> {
+        call: AnyCall,
+    ) -> AnyAnswer {
+        let call_metrics = self.begin(rpc, &ids)?;
+        let start = Instant::now();
+        let deadline = deadline.or_else(deadline::current);
+        let bounded = async {
+            match crate::failpoint::hit_rpc(rpc).await {
+                Ok(()) => call.await,
+                Err(e) => Err(Status::internal(e.to_string())),
+            }
+        };
+        let result = match deadline {
+            Some(at) => {
+                deadline::scope(Some(at), async {
+                    tokio::time::timeout_at(at, bounded)
+                        .await
+                        .unwrap_or_else(|_| Err(deadline_passed(rpc)))
+                })
+                .await
+            }
+            None => bounded.await,
+        }
+        .map_err(|status| self.answered_status(status));
+        self.finish(rpc, &ids, start, call_metrics, result.as_ref().err());
+        result
+    }
+
+    /// Lets a call in once start-up has finished, and counts it as started.
+    #[inline(never)]
+    fn begin(&self, rpc: &'static str, ids: &str) -> Result<RpcCall, Status> {
         if !self.service.is_initialized() {
             tracing::debug!(rpc, id = %ids, "rejected: server is not initialized yet");
             crate::metrics::metrics()
@@ -79,54 +113,43 @@ impl CriServer {
                 .finish(Code::Unavailable);
             return Err(Status::unavailable("server is not initialized yet"));
         }
-        let start = Instant::now();
-        let call_metrics = crate::metrics::metrics().rpc_started(rpc);
-        let deadline = deadline.or_else(deadline::current);
-        // On the heap: handler futures are large, and the deadline's wrappers would put a
-        // second copy of one on the worker thread's stack.
-        let bounded = Box::pin(async {
-            match crate::failpoint::hit_rpc(rpc).await {
-                Ok(()) => call.await,
-                Err(e) => Err(Status::internal(e.to_string())),
-            }
-        });
-        let result = match deadline {
-            Some(at) => {
-                deadline::scope(Some(at), async {
-                    tokio::time::timeout_at(at, bounded)
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(Status::deadline_exceeded(format!(
-                                "{rpc}: the client's deadline passed"
-                            )))
-                        })
-                })
-                .await
-            }
-            None => bounded.await,
-        }
-        .map_err(|status| with_bounded_message(self.unavailable_while_containerd_is_away(status)));
-        let took = start.elapsed();
-        let latency_us = took.as_micros() as u64;
-        call_metrics.finish(result.as_ref().err().map_or(Code::Ok, Status::code));
-        if !is_read_only(rpc) {
+        Ok(crate::metrics::metrics().rpc_started(rpc))
+    }
+
+    /// The status a failed call answers with.
+    #[inline(never)]
+    fn answered_status(&self, status: Status) -> Status {
+        with_bounded_message(self.unavailable_while_containerd_is_away(status))
+    }
+
+    /// Counts a call as finished and logs its line.
+    #[inline(never)]
+    fn finish(
+        &self,
+        rpc: &'static str,
+        ids: &str,
+        start: Instant,
+        call_metrics: RpcCall,
+        error: Option<&Status>,
+    ) {
+        let latency_us = start.elapsed().as_micros() as u64;
+        call_metrics.finish(error.map_or(Code::Ok, Status::code));
+        let read_only = is_read_only(rpc);
+        if !read_only {
             // Lifecycle calls allocate and free per-pod state: its pages go back once the
             // burst is over.
             crate::heap::release_soon();
         }
-        match &result {
-            Ok(_) if is_read_only(rpc) => {
-                tracing::debug!(rpc, id = %ids, latency_us, code = "OK");
-            }
-            Ok(_) => tracing::info!(rpc, id = %ids, latency_us, code = "OK"),
-            Err(status) if is_server_fault(status.code()) => tracing::error!(
+        match error {
+            None if read_only => tracing::debug!(rpc, id = %ids, latency_us, code = "OK"),
+            None => tracing::info!(rpc, id = %ids, latency_us, code = "OK"),
+            Some(status) if is_server_fault(status.code()) => tracing::error!(
                 rpc, id = %ids, latency_us, code = ?status.code(), error = status.message()
             ),
-            Err(status) => tracing::warn!(
+            Some(status) => tracing::warn!(
                 rpc, id = %ids, latency_us, code = ?status.code(), error = status.message()
             ),
         }
-        result
     }
 
     /// A call that broke while containerd is unreachable failed for that reason: say so with
@@ -141,44 +164,61 @@ impl CriServer {
         }
     }
 
-    /// One unary `v1` call: unwrap, instrument, run the handler, wrap.
+    /// One unary `v1` call: unwrap, instrument, run the handler, wrap. Only the unwrapping
+    /// and wrapping are compiled for each RPC: the handler's future and its answer go
+    /// through [`Self::run`] type-erased.
     async fn unary<Req, Resp, Fut>(
         &self,
         rpc: &'static str,
         request: tonic::Request<Req>,
-        handler: impl FnOnce(CriService, Req) -> Fut,
+        handler: impl FnOnce(CriService, Req) -> Fut + Send + 'static,
     ) -> Result<tonic::Response<Resp>, Status>
     where
-        Req: LogIds,
+        Req: LogIds + Send + 'static,
         Resp: Send + 'static,
         Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
         let deadline = grpc_deadline(request.metadata());
         let req = request.into_inner();
         let ids = req.log_ids();
-        // On the heap at once: a handler's future is up to 30 KiB, and each move of it by
-        // value (into the deadline scope, the task, the instrumentation) put another copy
-        // in the worker's stack frame, whose pages then stay resident.
-        let call = Box::pin(handler(self.service.clone(), req));
-        if is_read_only(rpc) {
-            return self
-                .instrument(rpc, ids, deadline, call)
+        // The handler's future (up to 30 KiB) is made inside the boxed one, on the heap:
+        // each move of it by value (into the deadline scope, the task, the instrumentation)
+        // put another copy in the worker's stack frame, whose pages then stay resident.
+        let service = self.service.clone();
+        let call: AnyCall = Box::pin(async move {
+            handler(service, req)
                 .await
-                .map(tonic::Response::new);
+                .map(|answer| Box::new(answer) as Box<dyn Any + Send>)
+        });
+        let answer = self.run(rpc, ids, deadline, call).await?;
+        answer
+            .downcast::<Resp>()
+            .map(|answer| tonic::Response::new(*answer))
+            .map_err(|_| Status::internal(format!("{rpc}: its handler answered another type")))
+    }
+
+    /// Runs a call: a read in place, a change in a task of its own.
+    async fn run(
+        &self,
+        rpc: &'static str,
+        ids: String,
+        deadline: Option<tokio::time::Instant>,
+        call: AnyCall,
+    ) -> AnyAnswer {
+        if is_read_only(rpc) {
+            return self.instrument(rpc, ids, deadline, call).await;
         }
         // A change runs in a task of its own: a client that gives up (its deadline, a
         // disconnect) ends the wait, never the operation half-way through.
         // Spawned on first poll: after the initialized gate and the failpoints. The task
         // keeps the deadline (task-locals do not cross a spawn), so PullImage still sees it.
         let task_deadline = deadline.or_else(deadline::current);
-        let joined = async move {
+        let joined: AnyCall = Box::pin(async move {
             tokio::spawn(deadline::scope(task_deadline, call))
                 .await
                 .unwrap_or_else(|e| Err(Status::internal(format!("{rpc} failed: {e}"))))
-        };
-        self.instrument(rpc, ids, deadline, joined)
-            .await
-            .map(tonic::Response::new)
+        });
+        self.instrument(rpc, ids, deadline, joined).await
     }
 
     /// One unary `v1alpha2` call, served by the `v1` implementation.
@@ -207,6 +247,12 @@ impl CriServer {
         mark_alpha(&mut resp);
         Ok(tonic::Response::new(resp))
     }
+}
+
+/// The answer of a call still running when its client's deadline passed.
+#[inline(never)]
+fn deadline_passed(rpc: &str) -> Status {
+    Status::deadline_exceeded(format!("{rpc}: the client's deadline passed"))
 }
 
 /// A gRPC request's deadline, a little before the client's: tonic's own timer for the same
