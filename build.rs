@@ -87,11 +87,27 @@ fn compile_cri_api(out: &Path) {
             .unwrap_or_else(|e| panic!("parse {file}: {e}"));
     }
     let redacted = redacted_messages(&compiler.descriptor_pool());
-    let services = ttrpc::TonicAndTtrpc {
-        tonic: tonic_prost_build::configure()
-            .build_client(true)
-            .build_server(true)
-            .service_generator(),
+    // v1alpha2 gets its messages and its client here; what crius serves of it comes from
+    // `compile_cri_v1alpha2_served`.
+    let services = ttrpc::ByPackage {
+        generators: vec![
+            (
+                "runtime.v1",
+                Box::new(ttrpc::TonicAndTtrpc {
+                    tonic: tonic_prost_build::configure()
+                        .build_client(true)
+                        .build_server(true)
+                        .service_generator(),
+                }),
+            ),
+            (
+                "runtime.v1alpha2",
+                tonic_prost_build::configure()
+                    .build_client(true)
+                    .build_server(false)
+                    .service_generator(),
+            ),
+        ],
     };
     let mut config = prost_build::Config::new();
     config.service_generator(Box::new(services));
@@ -115,6 +131,36 @@ fn compile_cri_api(out: &Path) {
         .expect("generate the CRI API");
     std::fs::write(out.join("cri_redacted_debug.rs"), impls)
         .expect("write the redacted Debug impls");
+    compile_cri_v1alpha2_served(out);
+}
+
+/// The `v1alpha2` services crius serves (tonic and ttrpc), over the `v1` messages: the
+/// older API's messages are a wire-compatible subset of the newer's (the same names, field
+/// numbers and types), so its requests decode as `v1` ones and `v1` answers decode in its
+/// clients, with no second set of messages to convert through.
+fn compile_cri_v1alpha2_served(out: &Path) {
+    let mut compiler = protox::Compiler::new(CRI_INCLUDES)
+        .unwrap_or_else(|e| panic!("set up the proto compiler: {e}"));
+    compiler.include_imports(true).include_source_info(true);
+    compiler
+        .open_file("runtime/v1alpha2/api.proto")
+        .unwrap_or_else(|e| panic!("parse the v1alpha2 proto: {e}"));
+    let dir = out.join("v1alpha2_served");
+    std::fs::create_dir_all(&dir).expect("make the directory of the served v1alpha2 API");
+    let mut config = prost_build::Config::new();
+    config.service_generator(Box::new(ttrpc::TonicAndTtrpc {
+        tonic: tonic_prost_build::configure()
+            .build_client(false)
+            .build_server(true)
+            .service_generator(),
+    }));
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .extern_path(".runtime.v1alpha2", "crate::api::v1")
+        .out_dir(&dir)
+        .compile_fds_with_config(compiler.file_descriptor_set(), config)
+        .expect("generate the served v1alpha2 API");
 }
 
 /// A message with at least one `debug_redact` field.

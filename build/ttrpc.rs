@@ -30,6 +30,51 @@ impl ServiceGenerator for TonicAndTtrpc {
     }
 }
 
+/// Hands each package's services to the generator named for it; other packages' services
+/// get no code.
+pub struct ByPackage {
+    pub generators: Vec<(&'static str, Box<dyn ServiceGenerator>)>,
+}
+
+impl ByPackage {
+    fn generator(&mut self, package: &str) -> Option<&mut Box<dyn ServiceGenerator>> {
+        self.generators
+            .iter_mut()
+            .find(|(name, _)| *name == package)
+            .map(|(_, generator)| generator)
+    }
+}
+
+impl ServiceGenerator for ByPackage {
+    fn generate(&mut self, service: Service, buf: &mut String) {
+        if let Some(generator) = self.generator(&service.package) {
+            generator.generate(service, buf);
+        }
+    }
+
+    fn finalize(&mut self, buf: &mut String) {
+        for (_, generator) in &mut self.generators {
+            generator.finalize(buf);
+        }
+    }
+
+    fn finalize_package(&mut self, package: &str, buf: &mut String) {
+        if let Some(generator) = self.generator(package) {
+            generator.finalize_package(package, buf);
+        }
+    }
+}
+
+/// The path of a method's message type from inside the generated `_ttrpc` module: prost
+/// names a message of the same package by its bare name, an extern one by its full path.
+fn message_path(rust_type: &str) -> String {
+    if rust_type.starts_with("crate::") || rust_type.starts_with("::") {
+        rust_type.to_string()
+    } else {
+        format!("super::{rust_type}")
+    }
+}
+
 /// `RuntimeService` -> `runtime_service`.
 fn snake_case(name: &str) -> String {
     let mut out = String::new();
@@ -122,7 +167,7 @@ fn unary_handler(method: &Method, server_trait: &str) -> String {
             _ctx: ::ttrpc::r#async::TtrpcContext,
             req: ::ttrpc::Request,
         ) -> ::ttrpc::Result<::ttrpc::Response> {{
-            let request = match glue::decode::<super::{input}>({rpc:?}, &req.payload, req.timeout_nano) {{
+            let request = match glue::decode::<{input}>({rpc:?}, &req.payload, req.timeout_nano) {{
                 Ok(request) => request,
                 Err(status) => return Ok(status),
             }};
@@ -131,7 +176,7 @@ fn unary_handler(method: &Method, server_trait: &str) -> String {
     }}
 "#,
         handler = handler_name(method),
-        input = method.input_type,
+        input = message_path(&method.input_type),
         rpc = method.proto_name,
         name = method.name,
     )
@@ -150,7 +195,7 @@ fn stream_handler(method: &Method, server_trait: &str) -> String {
             mut inner: ::ttrpc::r#async::StreamInner,
         ) -> ::ttrpc::Result<Option<::ttrpc::Response>> {{
             let payload = inner.recv().await?;
-            let request = match glue::decode::<super::{input}>({rpc:?}, &payload, ctx.timeout_nano) {{
+            let request = match glue::decode::<{input}>({rpc:?}, &payload, ctx.timeout_nano) {{
                 Ok(request) => request,
                 Err(status) => return Ok(Some(status)),
             }};
@@ -159,7 +204,7 @@ fn stream_handler(method: &Method, server_trait: &str) -> String {
     }}
 "#,
         handler = handler_name(method),
-        input = method.input_type,
+        input = message_path(&method.input_type),
         rpc = method.proto_name,
         name = method.name,
     )

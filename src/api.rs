@@ -11,10 +11,21 @@ pub mod v1 {
     tonic::include_proto!("runtime.v1");
 }
 
-/// `runtime.v1alpha2`, the older API kubelets before 1.26 spoke.
+/// `runtime.v1alpha2`, the older API kubelets before 1.26 spoke: its messages and client.
 #[allow(clippy::doc_lazy_continuation, clippy::doc_overindented_list_items)]
 pub mod v1alpha2 {
     tonic::include_proto!("runtime.v1alpha2");
+}
+
+/// The `runtime.v1alpha2` services crius serves (tonic and ttrpc), over [`v1`]'s messages,
+/// which are wire-compatible with the older API's: requests decode as `v1` ones and the
+/// answers are `v1`'s, with nothing converted in between.
+#[allow(clippy::doc_lazy_continuation, clippy::doc_overindented_list_items)]
+pub mod v1alpha2_served {
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/v1alpha2_served/runtime.v1alpha2.rs"
+    ));
 }
 
 // `Debug` for the messages that carry credentials: their `debug_redact` fields print as

@@ -3,9 +3,10 @@
 //!
 //! `CriServer` is the instrumented layer: it answers `UNAVAILABLE` until start-up has
 //! finished, and logs one line per call with the method, the ids, the latency and the code.
-//! `v1alpha2` messages are wire-compatible with `v1`, so they are transcoded through their
-//! bytes and served by the `v1` implementation; ttrpc requests are decoded as `v1` directly.
-//! The RPC lists below are the single source for all three.
+//! `v1alpha2` messages are wire-compatible with `v1`, so the `v1alpha2` services are generated
+//! over the `v1` messages (`crate::api::v1alpha2_served`) and served by the `v1`
+//! implementation, over gRPC and ttrpc alike. The RPC lists below are the single source for
+//! all of them.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -13,8 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
 
-use crate::api::{v1, v1alpha2};
-use prost::Message;
+use crate::api::{v1, v1alpha2_served};
 use tonic::{Code, Status};
 
 use super::CriService;
@@ -220,33 +220,6 @@ impl CriServer {
         });
         self.instrument(rpc, ids, deadline, joined).await
     }
-
-    /// One unary `v1alpha2` call, served by the `v1` implementation.
-    async fn alpha<A, B, R1, R2, Fut>(
-        &self,
-        request: tonic::Request<A>,
-        v1_call: impl FnOnce(CriServer, tonic::Request<B>) -> Fut,
-    ) -> Result<tonic::Response<R2>, Status>
-    where
-        A: Message,
-        B: Message + Default,
-        R1: Message,
-        R2: Message + Default + 'static,
-        Fut: Future<Output = Result<tonic::Response<R1>, Status>>,
-    {
-        // The metadata (the client's deadline) goes along to the v1 call.
-        let (metadata, extensions, message) = request.into_parts();
-        let req: B = transcode(&message)?;
-        let resp = v1_call(
-            self.clone(),
-            tonic::Request::from_parts(metadata, extensions, req),
-        )
-        .await?
-        .into_inner();
-        let mut resp: R2 = transcode(&resp)?;
-        mark_alpha(&mut resp);
-        Ok(tonic::Response::new(resp))
-    }
 }
 
 /// The answer of a call still running when its client's deadline passed.
@@ -278,17 +251,9 @@ fn is_server_fault(code: Code) -> bool {
     )
 }
 
-/// Re-encodes a message as its wire-compatible counterpart in the other API version.
-fn transcode<A: Message, B: Message + Default>(msg: &A) -> Result<B, Status> {
-    B::decode(msg.encode_to_vec().as_slice())
-        .map_err(|e| Status::internal(format!("converting between CRI API versions: {e}")))
-}
-
 /// `Version` on a `v1alpha2` endpoint reports that API version.
 fn mark_alpha(resp: &mut dyn Any) {
-    if let Some(v) = resp.downcast_mut::<v1alpha2::VersionResponse>() {
-        v.runtime_api_version = "v1alpha2".to_string();
-    } else if let Some(v) = resp.downcast_mut::<v1::VersionResponse>() {
+    if let Some(v) = resp.downcast_mut::<v1::VersionResponse>() {
         v.runtime_api_version = "v1alpha2".to_string();
     }
 }
@@ -540,7 +505,8 @@ macro_rules! impl_v1_image {
     };
 }
 
-/// A `v1alpha2` service whose every RPC is served by the matching `v1` one.
+/// A `v1alpha2` service whose every RPC is served by the matching `v1` one, with the same
+/// messages (see [`crate::api::v1alpha2_served`]).
 macro_rules! impl_v1alpha2 {
     ($alpha:path, $v1:path; $($name:ident $rpc:literal $req:ident $resp:ident;)*) => {
         #[tonic::async_trait]
@@ -548,12 +514,11 @@ macro_rules! impl_v1alpha2 {
             $(
                 async fn $name(
                     &self,
-                    request: tonic::Request<v1alpha2::$req>,
-                ) -> Result<tonic::Response<v1alpha2::$resp>, Status> {
-                    self.alpha(request, |s, r: tonic::Request<v1::$req>| async move {
-                        <CriServer as $v1>::$name(&s, r).await
-                    })
-                    .await
+                    request: tonic::Request<v1::$req>,
+                ) -> Result<tonic::Response<v1::$resp>, Status> {
+                    let mut answer = <CriServer as $v1>::$name(self, request).await?;
+                    mark_alpha(answer.get_mut());
+                    Ok(answer)
                 }
             )*
         }
@@ -563,19 +528,19 @@ macro_rules! impl_v1alpha2 {
 runtime_rpcs!(impl_v1_runtime {}, all);
 image_rpcs!(impl_v1_image {});
 runtime_rpcs!(impl_v1alpha2 {
-    v1alpha2::runtime_service_server::RuntimeService,
+    v1alpha2_served::runtime_service_server::RuntimeService,
     v1::runtime_service_server::RuntimeService;
 }, v1alpha2);
 image_rpcs!(impl_v1alpha2 {
-    v1alpha2::image_service_server::ImageService,
+    v1alpha2_served::image_service_server::ImageService,
     v1::image_service_server::ImageService;
 });
 /// The gRPC services to put on a tonic server: both API versions of both services.
 pub fn grpc_routes(server: CriServer) -> tonic::service::Routes {
     use v1::image_service_server::ImageServiceServer as V1Image;
     use v1::runtime_service_server::RuntimeServiceServer as V1Runtime;
-    use v1alpha2::image_service_server::ImageServiceServer as AlphaImage;
-    use v1alpha2::runtime_service_server::RuntimeServiceServer as AlphaRuntime;
+    use v1alpha2_served::image_service_server::ImageServiceServer as AlphaImage;
+    use v1alpha2_served::runtime_service_server::RuntimeServiceServer as AlphaRuntime;
 
     macro_rules! sized {
         ($svc:expr) => {
@@ -602,12 +567,12 @@ pub fn ttrpc_services(server: CriServer) -> HashMap<String, ttrpc::r#async::Serv
             v1::image_service_ttrpc::service(server.clone()),
         ),
         (
-            v1alpha2::runtime_service_ttrpc::NAME.to_string(),
-            v1alpha2::runtime_service_ttrpc::service(server.clone()),
+            v1alpha2_served::runtime_service_ttrpc::NAME.to_string(),
+            v1alpha2_served::runtime_service_ttrpc::service(server.clone()),
         ),
         (
-            v1alpha2::image_service_ttrpc::NAME.to_string(),
-            v1alpha2::image_service_ttrpc::service(server),
+            v1alpha2_served::image_service_ttrpc::NAME.to_string(),
+            v1alpha2_served::image_service_ttrpc::service(server),
         ),
     ])
 }
@@ -615,6 +580,8 @@ pub fn ttrpc_services(server: CriServer) -> HashMap<String, ttrpc::r#async::Serv
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::v1alpha2;
+    use prost::Message;
 
     #[test]
     fn error_messages_are_cut_to_fit_in_trailers() {
@@ -628,19 +595,34 @@ mod tests {
     }
 
     #[test]
-    fn alpha_and_v1_messages_transcode_both_ways() {
-        let v1_req = v1::RemoveContainerRequest {
+    fn alpha_messages_decode_as_v1_ones_and_back() {
+        let alpha = v1alpha2::RemoveContainerRequest {
             container_id: "abc".into(),
         };
-        let alpha: v1alpha2::RemoveContainerRequest = transcode(&v1_req).unwrap();
-        assert_eq!(alpha.container_id, "abc");
-        let back: v1::RemoveContainerRequest = transcode(&alpha).unwrap();
-        assert_eq!(back, v1_req);
+        let v1_req = v1::RemoveContainerRequest::decode(alpha.encode_to_vec().as_slice())
+            .expect("an alpha request decodes as v1");
+        assert_eq!(v1_req.container_id, "abc");
+        let status = v1::ContainerStatusResponse {
+            status: Some(v1::ContainerStatus {
+                id: "abc".into(),
+                state: v1::ContainerState::ContainerRunning as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let back = v1alpha2::ContainerStatusResponse::decode(status.encode_to_vec().as_slice())
+            .expect("a v1 answer decodes in an alpha client");
+        let back = back.status.expect("status");
+        assert_eq!(back.id, "abc");
+        assert_eq!(
+            back.state,
+            v1alpha2::ContainerState::ContainerRunning as i32
+        );
     }
 
     #[test]
     fn version_on_alpha_reports_alpha() {
-        let mut resp = v1alpha2::VersionResponse {
+        let mut resp = v1::VersionResponse {
             runtime_api_version: "v1".into(),
             ..Default::default()
         };
