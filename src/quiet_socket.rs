@@ -15,7 +15,7 @@
 //! wake-up runs ahead of crius's answer. So a server's connection ([`QuietUnixStream::server`])
 //! peeks at what the client sent and takes it off the socket only after its next write: the
 //! client is awake for the answer by then, and the room it gets back costs it no second
-//! wake-up (strace: one context switch of crius per request instead of two).
+//! wake-up (perf: 1.3 context switches of crius per request instead of 2.4).
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
