@@ -87,6 +87,7 @@ fn compile_cri_api(out: &Path) {
             .unwrap_or_else(|e| panic!("parse {file}: {e}"));
     }
     let redacted = redacted_messages(&compiler.descriptor_pool());
+    check_v1alpha2_wire_compatible(&compiler.descriptor_pool());
     // v1alpha2 gets its messages and its client here; what crius serves of it comes from
     // `compile_cri_v1alpha2_served`.
     let services = ttrpc::ByPackage {
@@ -161,6 +162,75 @@ fn compile_cri_v1alpha2_served(out: &Path) {
         .out_dir(&dir)
         .compile_fds_with_config(compiler.file_descriptor_set(), config)
         .expect("generate the served v1alpha2 API");
+}
+
+/// crius serves `v1alpha2` over the `v1` messages (`compile_cri_v1alpha2_served`): that is
+/// only right while every `v1alpha2` message and enum has a `v1` twin of the same name that
+/// reads its bytes the same way. Checked here, so a proto update that breaks it fails the
+/// build instead of an old kubelet.
+fn check_v1alpha2_wire_compatible(pool: &prost_reflect::DescriptorPool) {
+    let twin = |full_name: &str| full_name.replacen("runtime.v1alpha2.", "runtime.v1.", 1);
+    for alpha in pool.all_messages() {
+        if alpha.package_name() != "runtime.v1alpha2" {
+            continue;
+        }
+        let v1 = pool
+            .get_message_by_name(&twin(alpha.full_name()))
+            .unwrap_or_else(|| panic!("{} has no runtime.v1 twin", alpha.full_name()));
+        for field in alpha.fields() {
+            let same = v1.get_field(field.number()).unwrap_or_else(|| {
+                panic!(
+                    "{}.{} has no field {} in v1",
+                    alpha.full_name(),
+                    field.name(),
+                    field.number()
+                )
+            });
+            assert!(
+                field.cardinality() == same.cardinality()
+                    && field.is_map() == same.is_map()
+                    && same_wire_kind(&field.kind(), &same.kind(), twin),
+                "{}.{} (field {}) is read differently in v1",
+                alpha.full_name(),
+                field.name(),
+                field.number()
+            );
+        }
+    }
+    for alpha in pool.all_enums() {
+        if alpha.package_name() != "runtime.v1alpha2" {
+            continue;
+        }
+        let v1 = pool
+            .get_enum_by_name(&twin(alpha.full_name()))
+            .unwrap_or_else(|| panic!("{} has no runtime.v1 twin", alpha.full_name()));
+        for value in alpha.values() {
+            let same = v1.get_value(value.number()).map(|v| v.name().to_string());
+            assert_eq!(
+                same.as_deref(),
+                Some(value.name()),
+                "{} value {} means something else in v1",
+                alpha.full_name(),
+                value.number()
+            );
+        }
+    }
+}
+
+/// Whether two field kinds read the same bytes the same way: the same scalar (`string` and
+/// `bytes` are both length-delimited), or twin messages or enums.
+fn same_wire_kind(
+    alpha: &prost_reflect::Kind,
+    v1: &prost_reflect::Kind,
+    twin: impl Fn(&str) -> String,
+) -> bool {
+    use prost_reflect::Kind;
+    match (alpha, v1) {
+        (Kind::Message(a), Kind::Message(b)) => twin(a.full_name()) == b.full_name(),
+        (Kind::Enum(a), Kind::Enum(b)) => twin(a.full_name()) == b.full_name(),
+        (Kind::String | Kind::Bytes, Kind::String | Kind::Bytes) => true,
+        (a, b) => a == b,
+    }
 }
 
 /// A message with at least one `debug_redact` field.

@@ -17,6 +17,7 @@
 //! client is awake for the answer by then, and the room it gets back costs it no second
 //! wake-up (perf: 1.3 context switches of crius per request instead of 2.4).
 
+use std::future::Future;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -26,11 +27,14 @@ use std::task::{Context, Poll, ready};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
-/// `SO_PEEK_OFF` (asm-generic; libc does not name it for every Linux target).
-const SO_PEEK_OFF: libc::c_int = 42;
 /// The most bytes a server connection leaves on its socket after reading them (a polled
 /// read's request is a few hundred).
 const DEFER_LIMIT: usize = 16 * 1024;
+/// How long bytes stay on the socket at most once a read finds nothing more: they count
+/// against the client's send buffer (by the kernel's bookkeeping of each write, not their
+/// size), so a client that sends a request in many small writes could fill it before crius
+/// has the whole request, and then neither side would move.
+const DEFER_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(2);
 
 pub struct QuietUnixStream {
     socket: AsyncFd<UnixStream>,
@@ -42,6 +46,8 @@ pub struct QuietUnixStream {
     /// Bytes handed to the reader but left in the socket until the next write (see
     /// [`QuietUnixStream::server`]); `None` when reads take the bytes at once.
     deferred: Option<usize>,
+    /// Takes the deferred bytes off [`DEFER_TIMEOUT`] after a read found nothing more.
+    take_off_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl QuietUnixStream {
@@ -54,16 +60,21 @@ impl QuietUnixStream {
             write_waiter: None,
             fresh: true,
             deferred: None,
+            take_off_timer: None,
         })
     }
 
     /// A server's connection: what the client sends is read with peeks (the kernel's peek
-    /// offset moves past what was read) and taken off the socket by the next write, or
-    /// before a read once [`DEFER_LIMIT`] bytes wait. Without `SO_PEEK_OFF` reads take
-    /// the bytes at once.
+    /// offset moves past what was read) and taken off the socket by the next write, before
+    /// a read once [`DEFER_LIMIT`] bytes wait, [`DEFER_TIMEOUT`] after a read found nothing
+    /// more, and when the connection ends. Out-of-band bytes stay in line, so peeks and
+    /// reads count the same bytes. Without `SO_PEEK_OFF` reads take the bytes at once.
     pub fn server(stream: tokio::net::UnixStream) -> io::Result<Self> {
         let mut quiet = Self::new(stream)?;
-        if set_peek_offset(quiet.socket.get_ref()).is_ok() {
+        let socket = quiet.socket.get_ref();
+        if set_int_option(socket, libc::SO_OOBINLINE, 1).is_ok()
+            && set_int_option(socket, libc::SO_PEEK_OFF, 0).is_ok()
+        {
             quiet.deferred = Some(0);
         }
         Ok(quiet)
@@ -71,9 +82,25 @@ impl QuietUnixStream {
 
     /// Takes the bytes already handed to the reader off the socket.
     fn take_off_deferred(&mut self) {
+        self.take_off_timer = None;
         if let Some(deferred) = self.deferred.as_mut() {
             // A failure leaves them counted; the next read or write finds the socket's error.
             let _ = take_off(self.socket.get_ref(), deferred);
+        }
+    }
+
+    /// A read found nothing more: bytes it left on the socket go at the latest
+    /// [`DEFER_TIMEOUT`] from now, unless a write takes them first.
+    fn take_off_later(&mut self, cx: &mut Context<'_>) {
+        if self.deferred.is_none_or(|n| n == 0) {
+            self.take_off_timer = None;
+            return;
+        }
+        let timer = self
+            .take_off_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(DEFER_TIMEOUT)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.take_off_deferred();
         }
     }
 
@@ -131,7 +158,13 @@ impl AsyncRead for QuietUnixStream {
             }
         }
         loop {
-            let mut ready = ready!(this.socket.poll_read_ready(cx))?;
+            let mut ready = match this.socket.poll_read_ready(cx) {
+                Poll::Ready(ready) => ready?,
+                Poll::Pending => {
+                    this.take_off_later(cx);
+                    return Poll::Pending;
+                }
+            };
             let wanted = buf.remaining();
             match ready.try_io(|socket| read_once(socket.get_ref(), &mut this.deferred, buf)) {
                 Ok(Ok(n)) => {
@@ -189,16 +222,16 @@ fn take_off(socket: &UnixStream, deferred: &mut usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes peeks move past what earlier peeks returned (`SO_PEEK_OFF`, from offset 0).
-fn set_peek_offset(socket: &UnixStream) -> io::Result<()> {
-    let offset: libc::c_int = 0;
+/// Sets an integer socket option: `SO_PEEK_OFF` makes peeks move past what earlier peeks
+/// returned, `SO_OOBINLINE` keeps out-of-band bytes in the stream.
+fn set_int_option(socket: &UnixStream, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: a plain integer option on a socket this process owns.
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
-            SO_PEEK_OFF,
-            (&offset as *const libc::c_int).cast(),
+            option,
+            (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -260,6 +293,14 @@ impl AsyncWrite for QuietUnixStream {
         let this = self.get_mut();
         this.take_off_deferred();
         Poll::Ready(this.socket.get_ref().shutdown(std::net::Shutdown::Write))
+    }
+}
+
+impl Drop for QuietUnixStream {
+    /// Bytes left on a socket when it closes make the client's next read fail with
+    /// `ECONNRESET` instead of seeing the end.
+    fn drop(&mut self) {
+        self.take_off_deferred();
     }
 }
 
@@ -350,6 +391,57 @@ mod tests {
         assert!(most_left >= DEFER_LIMIT, "only {most_left} bytes were left");
         assert_eq!(received, sent, "every byte once, in order");
         drop(writer.await.expect("writer"));
+    }
+
+    #[tokio::test]
+    async fn a_server_that_waits_for_more_takes_what_it_read_off_soon() {
+        let (mut quiet, mut peer) = server_pair();
+        peer.write_all(b"part of a request").await.expect("write");
+        let mut buf = [0u8; 17];
+        quiet.read_exact(&mut buf).await.expect("read");
+        assert_eq!(queued(&quiet), 17);
+        // Waiting for the rest of the request, with nothing to write meanwhile.
+        let waited = tokio::time::timeout(DEFER_TIMEOUT * 10, quiet.read(&mut [0u8; 8])).await;
+        assert!(waited.is_err(), "nothing more was sent");
+        assert_eq!(queued(&quiet), 0, "left on the client's account");
+        peer.write_all(b"rest").await.expect("write");
+        let mut buf = [0u8; 4];
+        quiet.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"rest", "what follows is read once, in order");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_hangs_up_leaves_the_client_the_end_not_a_reset() {
+        let (mut quiet, mut peer) = server_pair();
+        peer.write_all(b"request").await.expect("write");
+        let mut buf = [0u8; 7];
+        quiet.read_exact(&mut buf).await.expect("read");
+        drop(quiet);
+        let mut rest = Vec::new();
+        let read = peer.read_to_end(&mut rest).await;
+        assert_eq!(read.expect("the end, not ECONNRESET"), 0);
+    }
+
+    #[tokio::test]
+    async fn out_of_band_bytes_stay_in_the_stream() {
+        let (mut quiet, mut peer) = server_pair();
+        peer.write_all(b"ab").await.expect("write");
+        // SAFETY: one byte from a live buffer on a socket this test owns.
+        let sent = unsafe { libc::send(peer.as_raw_fd(), b"c".as_ptr().cast(), 1, libc::MSG_OOB) };
+        assert_eq!(sent, 1, "MSG_OOB: {}", io::Error::last_os_error());
+        peer.write_all(b"de").await.expect("write");
+        drop(peer);
+        let mut received = Vec::new();
+        let mut chunk = [0u8; 2];
+        loop {
+            let n = quiet.read(&mut chunk).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            received.extend_from_slice(&chunk[..n]);
+            quiet.write_all(b"x").await.ok();
+        }
+        assert_eq!(received, b"abcde", "every byte once, in order");
     }
 
     #[tokio::test]
