@@ -67,6 +67,8 @@ fn exec_helper_build_id() {
     let mut sources: Vec<PathBuf> = std::fs::read_dir(EXEC_HELPER_DIR)
         .expect("read the exec helper's directory")
         .map(|entry| entry.expect("an exec helper source").path())
+        // Editors' backups and swap files are not the helper's code.
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
         .collect();
     sources.sort();
     for source in EXEC_HELPER_SOURCES {

@@ -186,7 +186,13 @@ pub fn declined(error: &RuncError) -> bool {
             }
             message.starts_with(helper::DECLINED)
         }
-        RuncError::Spawn { .. } => true,
+        RuncError::Spawn { source, .. } => {
+            if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM)) {
+                // Refused by policy, not for want of resources: it would be again.
+                seal::execs_from_memory_refused();
+            }
+            true
+        }
     }
 }
 
@@ -278,8 +284,18 @@ mod tests {
         )));
         assert!(declined(&RuncError::Spawn {
             verb: "exec",
+            source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+        }));
+    }
+
+    #[test]
+    fn a_host_that_refuses_execs_from_memory_is_not_asked_again() {
+        assert!(declined(&RuncError::Spawn {
+            verb: "exec",
             source: std::io::Error::from_raw_os_error(libc::EACCES),
         }));
+        let err = seal::sealed_binary().expect_err("no copy made for nothing");
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! little.
 
 use std::fs::File;
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -21,6 +23,10 @@ pub const HELPER_NAME: &str = "crius-exec-helper";
 /// The lowest descriptor the binary may have: below it sits the helper's pidfd.
 const LOWEST_BINARY_FD: libc::c_int = 10;
 
+/// The largest binary copied (the helper is 0.5 MB, the shim 2.5 MB; a debug build of the
+/// shim tens of MB): a file beside the shim that is not a binary of ours is not copied.
+const MAX_BINARY: u64 = 256 << 20;
+
 /// `MFD_EXEC` (Linux 6.3): an executable memfd where `vm.memfd_noexec` would refuse one.
 const MFD_EXEC: libc::c_uint = 0x10;
 
@@ -28,8 +34,18 @@ const MFD_EXEC: libc::c_uint = 0x10;
 /// upgraded on disk under a running shim): from then on this shim copies itself.
 static HELPER_OF_ANOTHER_BUILD: AtomicBool = AtomicBool::new(false);
 
+/// Set once the host refused to run a sealed binary (a policy against executable memfds):
+/// from then on this shim's execs go straight to runc, without a copy made for nothing.
+static EXECS_FROM_MEMORY_REFUSED: AtomicBool = AtomicBool::new(false);
+
 /// A sealed binary of the exec helper for one exec (blocking: it copies the binary).
 pub fn sealed_binary() -> std::io::Result<OwnedFd> {
+    if EXECS_FROM_MEMORY_REFUSED.load(Ordering::Relaxed) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "this host refused to run the exec helper from memory before",
+        ));
+    }
     let helper = if !takes_helper_beside() {
         None
     } else {
@@ -53,13 +69,31 @@ pub fn helper_is_of_another_build() {
     HELPER_OF_ANOTHER_BUILD.store(true, Ordering::Relaxed);
 }
 
-/// `crius-exec-helper` in the directory of the binary `exe`, when it is installed there.
-fn helper_beside(exe: &Path) -> Option<File> {
-    File::open(exe.parent()?.join(HELPER_NAME)).ok()
+/// Notes that the host refused to run a sealed binary.
+pub fn execs_from_memory_refused() {
+    EXECS_FROM_MEMORY_REFUSED.store(true, Ordering::Relaxed);
 }
 
-/// `source` copied into a sealed memfd.
-fn memfd_copy(mut source: File) -> std::io::Result<OwnedFd> {
+/// `crius-exec-helper` in the directory of the binary `exe`, when it is installed there
+/// (opened without blocking: a FIFO there would hold the open for ever).
+fn helper_beside(exe: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(exe.parent()?.join(HELPER_NAME))
+        .ok()
+}
+
+/// `source` copied into a sealed memfd: a regular file of at most [`MAX_BINARY`] bytes,
+/// copied whole.
+fn memfd_copy(source: File) -> std::io::Result<OwnedFd> {
+    let meta = source.metadata()?;
+    if !meta.is_file() || meta.len() > MAX_BINARY {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("the exec helper's binary is not a regular file of at most {MAX_BINARY} bytes"),
+        ));
+    }
     let name = c"crius-exec-helper";
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: memfd_create reads the name and returns a new descriptor or -1.
@@ -69,7 +103,13 @@ fn memfd_copy(mut source: File) -> std::io::Result<OwnedFd> {
         fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     }
     let mut copy = File::from(owned(fd)?);
-    std::io::copy(&mut source, &mut copy)?;
+    let copied = std::io::copy(&mut source.take(meta.len()), &mut copy)?;
+    if copied != meta.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the exec helper's binary changed while it was copied",
+        ));
+    }
     let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
     // SAFETY: fcntl on a descriptor this function owns.
     if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
@@ -106,6 +146,30 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::EPERM));
         let err = file.set_len(1).expect_err("sealed");
         assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+        // SAFETY: fcntl queries on a descriptor this test owns.
+        let (seals, fd_flags) = unsafe {
+            (
+                libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS),
+                libc::fcntl(file.as_raw_fd(), libc::F_GETFD),
+            )
+        };
+        let all = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+        assert_eq!(seals, all, "every seal, the seals themselves included");
+        assert_ne!(fd_flags & libc::FD_CLOEXEC, 0, "not passed on to what runs");
+    }
+
+    #[test]
+    fn only_a_regular_file_is_copied() {
+        let err = memfd_copy(File::open("/dev/zero").expect("/dev/zero")).expect_err("endless");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join(HELPER_NAME);
+        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo reads a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        // Opened without waiting for a writer, and then refused.
+        let opened = helper_beside(&dir.path().join("containerd-shim-crius-v2")).expect("open");
+        assert!(memfd_copy(opened).is_err());
     }
 
     #[test]
