@@ -108,7 +108,10 @@ impl PullError {
             Self::Corrupt(_) => Code::DataLoss,
             Self::Stalled(_) | Self::TooSlow { .. } | Self::Cancelled => Code::DeadlineExceeded,
             Self::Failpoint(_) => Code::Internal,
-            Self::Unpack(super::unpack::UnpackError::Containerd(_)) => Code::Internal,
+            Self::Unpack(
+                super::unpack::UnpackError::Containerd(_)
+                | super::unpack::UnpackError::Failpoint(_),
+            ) => Code::Internal,
             Self::Unpack(super::unpack::UnpackError::DiffIdMismatch { .. }) => Code::DataLoss,
         }
     }

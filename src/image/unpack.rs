@@ -12,6 +12,8 @@ use crate::containerd::Containerd;
 pub enum UnpackError {
     #[error(transparent)]
     Containerd(#[from] crate::containerd::ContainerdError),
+    #[error(transparent)]
+    Failpoint(#[from] crate::failpoint::Triggered),
     #[error("layer {layer} unpacked to {actual} but the config says {expected}")]
     DiffIdMismatch {
         layer: String,
@@ -30,7 +32,13 @@ pub async fn unpack_layer(
     chain_id: &str,
     parent: &str,
 ) -> Result<(), UnpackError> {
+    // Under the lease before it is looked for: a collection running meanwhile (an image
+    // sharing this layer was just removed) then keeps a snapshot that is found.
+    containerd
+        .lease_snapshot(lease, snapshotter, chain_id)
+        .await?;
     if containerd.snapshot_exists(snapshotter, chain_id).await? {
+        crate::failpoint::hit("unpack_found_snapshot").await?;
         return Ok(());
     }
     let key = format!(
