@@ -547,12 +547,12 @@ async fn remove_image_by_tag_digest_or_id_removes_every_name_and_the_content() {
         assert!(image_names(&crius, &pause).is_empty(), "removed by {how}");
         // A second remove succeeds.
         remove(&mut client, &name).await;
-        // containerd collects the content right after the answer.
-        let collected = eventually(Duration::from_secs(10), || async {
-            content_digests(&crius) == empty
-        })
-        .await;
-        assert!(collected, "content left after removal by {how}");
+        // containerd collected the content.
+        assert_eq!(
+            content_digests(&crius),
+            empty,
+            "content left after removal by {how}"
+        );
     }
 }
 
@@ -571,65 +571,40 @@ fn committed_snapshots(crius: &Crius) -> HashSet<String> {
     not(feature = "failpoints"),
     ignore = "needs --features failpoints (make test has it)"
 )]
-async fn an_image_pulled_again_while_its_removal_is_collected_keeps_everything() {
+async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
     let registry = Testbed::from_env().registry;
-    // Each collection starts 700 ms late; a pull that finds a layer's snapshot waits 1.5 s
-    // after: the collection of the removal runs between the pull finding the snapshot and
-    // the image naming it.
-    let crius = Crius::start_with_failpoints(
-        "content_collect=sleep(700);unpack_found_snapshot=sleep(1500)",
-    )
-    .await;
+    // A pull that finds a layer's snapshot already there waits 1.5 s before it goes on.
+    let crius = Crius::start_with_failpoints("unpack_found_snapshot=sleep(1500)").await;
     let mut client = crius.client().await;
-    let tag = format!("{registry}/busybox:latest");
-    let id = pull(&mut client, &tag).await.unwrap();
-    let (content, snapshots) = (content_digests(&crius), committed_snapshots(&crius));
-    assert!(!snapshots.is_empty());
-
-    remove(&mut client, &tag).await;
-    assert_eq!(pull(&mut client, &tag).await.unwrap(), id);
-    // Another image's removal and its collection, after the pull.
-    let other = format!("{registry}/{}", push_random_image(&registry).await);
-    pull(&mut client, &other).await.unwrap();
-    remove(&mut client, &other).await;
-    let collected = eventually(Duration::from_secs(10), || async {
-        content_digests(&crius) == content
-    })
-    .await;
-    assert!(
-        collected,
-        "content after the other image's collection: {:?} (before: {content:?})",
-        content_digests(&crius)
+    let base = random_layer();
+    let alone = format!(
+        "{registry}/{}",
+        push_image(&registry, std::slice::from_ref(&base)).await
     );
+    let stacked = format!(
+        "{registry}/{}",
+        push_image(&registry, &[base, random_layer()]).await
+    );
+    let id = pull(&mut client, &alone).await.unwrap();
+    let snapshots = committed_snapshots(&crius);
+    pull(&mut client, &stacked).await.unwrap();
+    // Only the stacked image holds the shared layer's snapshot now.
+    remove(&mut client, &alone).await;
+
+    // The pull finds the shared snapshot, and the stacked image's removal collects
+    // everything nothing references while the pull waits.
+    let pulling = {
+        let (mut client, alone) = (client.clone(), alone.clone());
+        tokio::spawn(async move { pull(&mut client, &alone).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    remove(&mut client, &stacked).await;
+    assert_eq!(pulling.await.unwrap().unwrap(), id);
     assert_eq!(committed_snapshots(&crius), snapshots);
-    assert_eq!(status(&mut client, &tag).await.unwrap().id, id);
-}
-
-#[tokio::test]
-#[cfg_attr(
-    not(feature = "failpoints"),
-    ignore = "needs --features failpoints (make test has it)"
-)]
-async fn what_a_crash_left_uncollected_is_collected_at_the_next_start() {
-    let registry = Testbed::from_env().registry;
-    // No collection ever finishes in this process.
-    let mut crius = Crius::start_with_failpoints("content_collect=sleep(60000)").await;
-    let mut client = crius.client().await;
-    let empty = content_digests(&crius);
-    let image = format!("{registry}/{}", push_random_image(&registry).await);
-    pull(&mut client, &image).await.unwrap();
-    remove(&mut client, &image).await;
-    assert!(status(&mut client, &image).await.is_none());
-    assert!(!crius.log().contains("content collected"));
-
-    crius.restart_after_crash().await;
-    // The new process collects by itself (other tests' daemons share this containerd and
-    // may collect too: the log shows this one did).
-    let collected = eventually(Duration::from_secs(10), || async {
-        crius.log().contains("content collected") && content_digests(&crius) == empty
-    })
-    .await;
-    assert!(collected, "content left: {:?}", content_digests(&crius));
+    assert!(
+        crius.log().contains("unpack_found_snapshot"),
+        "the pull found the snapshot"
+    );
 }
 
 #[tokio::test]
@@ -831,7 +806,11 @@ async fn trickling_registry(upstream: String) -> (String, tokio::task::JoinHandl
 /// Pushes an image of one layer of 512 KiB of random bytes (an uncompressed tar) to
 /// `registry`; returns its `repository:tag`.
 async fn push_random_image(registry: &str) -> String {
-    use sha2::{Digest, Sha256};
+    push_image(registry, &[random_layer()]).await
+}
+
+/// An uncompressed tar of one file of 512 KiB of random bytes.
+fn random_layer() -> Vec<u8> {
     let mut data = vec![0u8; 512 * 1024];
     rand::Rng::fill(&mut rand::rng(), &mut data[..]);
     let mut builder = tar::Builder::new(Vec::new());
@@ -842,17 +821,23 @@ async fn push_random_image(registry: &str) -> String {
     builder
         .append_data(&mut header, "random", data.as_slice())
         .unwrap();
-    let layer = builder.into_inner().unwrap();
+    builder.into_inner().unwrap()
+}
+
+/// Pushes an image of `layers` (uncompressed tars) to `registry` under a new repository;
+/// returns its `repository:tag`.
+async fn push_image(registry: &str, layers: &[Vec<u8>]) -> String {
+    use sha2::{Digest, Sha256};
     let digest = |bytes: &[u8]| format!("sha256:{:x}", Sha256::digest(bytes));
-    let layer_digest = digest(&layer);
+    let diff_ids: Vec<String> = layers.iter().map(|layer| digest(layer)).collect();
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64", "os": "linux", "config": {},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }))
     .unwrap();
     let repo = format!("random-{:016x}", rand::random::<u64>());
     let http = reqwest::Client::new();
-    for blob in [&layer, &config] {
+    for blob in layers.iter().chain([&config]) {
         let start = http
             .post(format!("http://{registry}/v2/{repo}/blobs/uploads/"))
             .send()
@@ -873,13 +858,19 @@ async fn push_random_image(registry: &str) -> String {
             .unwrap();
         assert!(put.status().is_success(), "blob upload: {}", put.status());
     }
+    let layer_descriptors: Vec<serde_json::Value> = layers
+        .iter()
+        .map(|layer| {
+            serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                               "digest": digest(layer), "size": layer.len()})
+        })
+        .collect();
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": digest(&config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest, "size": layer.len()}],
+        "layers": layer_descriptors,
     }))
     .unwrap();
     let put = http

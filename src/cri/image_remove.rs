@@ -1,6 +1,5 @@
-//! `RemoveImage`: removes the image with every name it has (tags, digests, its ID); crius's
-//! content collector has containerd collect what it kept right after. An image that is not
-//! there is removed already.
+//! `RemoveImage`: removes the image with every name it has (tags, digests, its ID) and lets
+//! containerd collect the content. An image that is not there is removed already.
 
 use crate::api::v1::{RemoveImageRequest, RemoveImageResponse};
 use tonic::Status;
@@ -29,27 +28,31 @@ impl CriService {
         }
         // Any of its names, digests or its ID removes the image with every name, as
         // containerd's CRI does (kubelet removes an image once, by whichever name it has).
-        // The names go at once; what they kept is collected right after the answer (see
-        // `crate::image::ContentCollector`).
-        let names: Vec<String> = image.references.iter().cloned().collect();
-        let deleted =
-            futures::future::join_all(names.iter().map(|name| self.delete_image_name(name))).await;
-        if deleted.iter().any(Result::is_ok) {
-            self.content_collector.request();
-        }
-        deleted.into_iter().collect::<Result<Vec<()>, Status>>()?;
+        // Every name but the last is deleted at once; the last delete collects garbage
+        // synchronously, so the content is gone on return.
+        let mut names: Vec<String> = image.references.iter().cloned().collect();
+        let Some(last) = names.pop() else {
+            return Ok(RemoveImageResponse {});
+        };
+        futures::future::join_all(names.iter().map(|name| self.delete_image_name(name, false)))
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, Status>>()?;
+        self.delete_image_name(&last, true).await?;
+        names.push(last);
         tracing::info!(image = %image.id, removed = ?names, "image removed");
         Ok(RemoveImageResponse {})
     }
 
     /// Deletes one name of an image. crius forgets the name first: containerd's event of
-    /// the delete then finds nothing to follow. A delete that fails reads the record back.
-    async fn delete_image_name(&self, name: &str) -> Result<(), Status> {
+    /// the delete then finds nothing to follow, and reads nothing back while its garbage
+    /// collection runs. A delete that fails reads the record back.
+    async fn delete_image_name(&self, name: &str, collect: bool) -> Result<(), Status> {
         self.images.remove_reference(name);
         let deleted = match crate::failpoint::hit("image_delete").await {
             Ok(()) => self
                 .containerd
-                .delete_image(name, false)
+                .delete_image(name, collect)
                 .await
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),

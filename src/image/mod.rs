@@ -6,7 +6,6 @@
 
 pub mod auth;
 pub mod builtin;
-mod collect;
 pub mod hosts;
 pub mod load;
 pub mod manifest;
@@ -15,5 +14,4 @@ pub mod reference;
 pub mod registry;
 pub mod unpack;
 
-pub use collect::ContentCollector;
 pub use pull::{ImagePuller, MANAGED_LABEL, PullFailure};

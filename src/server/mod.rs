@@ -324,16 +324,6 @@ impl CriService {
             ("snapshot usage syncer", Ok(()))
         });
 
-        let (collector, containerd, cancel) = (
-            self.content_collector.clone(),
-            self.containerd.clone(),
-            self.shutdown.clone(),
-        );
-        tasks.spawn(async move {
-            collector.run(containerd, cancel).await;
-            ("image content collector", Ok(()))
-        });
-
         let service = self.clone();
         tasks.spawn(async move {
             service

@@ -54,8 +54,6 @@ pub struct ServiceState {
     pub cni: Arc<NetworkConfigs>,
     pub images: Arc<ImageStore>,
     pub puller: Arc<ImagePuller>,
-    /// Collects what removed images leave, right after RemoveImage answers.
-    pub content_collector: crate::image::ContentCollector,
     pub cni_network: CniNetwork,
     pub sandboxes: Arc<SandboxStore>,
     pub sandbox_names: NameRegistrar,
@@ -238,7 +236,6 @@ impl CriService {
             cni,
             images,
             puller,
-            content_collector: Default::default(),
             cni_network,
             sandboxes: Arc::new(SandboxStore::new()),
             sandbox_names: NameRegistrar::new(),

@@ -238,8 +238,6 @@ impl Crius {
     /// operation left behind.
     pub fn leases_left(&self) -> Vec<String> {
         let mut leases = self.leases("crius-");
-        // A collection's trigger lease lives for the one call that runs the collection.
-        leases.retain(|l| !l.starts_with("crius-collect-"));
         let made_ahead = |l: &String| l.starts_with("crius-create-");
         if leases.iter().filter(|l| made_ahead(l)).count() == 1 {
             leases.retain(|l| !made_ahead(l));
