@@ -612,6 +612,38 @@ async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
     not(feature = "failpoints"),
     ignore = "needs --features failpoints (make test has it)"
 )]
+async fn a_pull_that_found_the_image_present_while_it_was_removed_pulls_it_again() {
+    let registry = Testbed::from_env().registry;
+    // A pull that finds the image present waits 1.5 s before it records it.
+    let crius = Crius::start_with_failpoints("pull_found_present=sleep(1500)").await;
+    let mut client = crius.client().await;
+    let image = format!("{registry}/{}", push_random_image(&registry).await);
+    let id = pull(&mut client, &image).await.unwrap();
+    let (content, snapshots) = (content_digests(&crius), committed_snapshots(&crius));
+
+    let pulling = {
+        let (mut client, image) = (client.clone(), image.clone());
+        tokio::spawn(async move { pull(&mut client, &image).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Its names, content and snapshot go while the pull waits.
+    remove(&mut client, &image).await;
+    assert!(!crius.ctr(&["images", "ls", "-q"]).contains(&image));
+    assert_eq!(pulling.await.unwrap().unwrap(), id);
+
+    // What crius reports is what containerd holds: the image, whole.
+    assert_eq!(status(&mut client, &image).await.unwrap().id, id);
+    assert!(crius.ctr(&["images", "ls", "-q"]).contains(&image));
+    assert_eq!(content_digests(&crius), content);
+    assert_eq!(committed_snapshots(&crius), snapshots);
+    assert!(crius.log().contains("pulling it again"));
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_remove_whose_deletes_fail_keeps_the_image_with_every_name() {
     let registry = Testbed::from_env().registry;
     let crius = Crius::start_with_failpoints("image_delete=error").await;

@@ -24,9 +24,10 @@ impl CriService {
             .pull(&reference, credentials, crate::server::deadline::current())
             .await
             .map_err(|failure| Status::new(failure.code, failure.message))?;
-        let id = image.id.clone();
-        self.images.add(image);
-        Ok(PullImageResponse { image_ref: id })
+        // The puller has recorded the image in the store.
+        Ok(PullImageResponse {
+            image_ref: image.id,
+        })
     }
 }
 

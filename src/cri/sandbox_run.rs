@@ -597,23 +597,23 @@ impl CriService {
         if let Some(image) = self.images.resolve(&self.sandbox_image) {
             return Ok(image);
         }
-        let image = if self.config.image.sandbox_image.is_empty() {
-            crate::image::builtin::ensure_pause_image(
+        if self.config.image.sandbox_image.is_empty() {
+            let image = crate::image::builtin::ensure_pause_image(
                 &self.containerd,
                 &self.config.containerd.snapshotter,
             )
             .await
-            .map_err(|e| Status::internal(format!("importing the built-in pause image: {e}")))?
-        } else {
-            let reference = crate::image::reference::Reference::parse(&self.sandbox_image)
-                .map_err(|e| Status::failed_precondition(e.to_string()))?;
-            self.puller
-                .pull(&reference, None, None)
-                .await
-                .map_err(|f| Status::new(f.code, format!("sandbox image: {}", f.message)))?
-        };
-        self.images.add(image.clone());
-        Ok(image)
+            .map_err(|e| Status::internal(format!("importing the built-in pause image: {e}")))?;
+            self.images.add(image.clone());
+            return Ok(image);
+        }
+        let reference = crate::image::reference::Reference::parse(&self.sandbox_image)
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        // The puller records what it pulls in the store.
+        self.puller
+            .pull(&reference, None, None)
+            .await
+            .map_err(|f| Status::new(f.code, format!("sandbox image: {}", f.message)))
     }
 }
 

@@ -535,12 +535,14 @@ impl ImagePuller {
     /// The image `resolved` names when it is pulled and unpacked already, as containerd's
     /// pull finds every blob and snapshot present: only the names it lacks are recorded.
     /// containerd's garbage collector keeps what an image record references, so its top
-    /// snapshot standing is the one thing checked.
+    /// snapshot standing is the one thing checked. A RemoveImage of it that comes meanwhile
+    /// may have deleted its names and content: then it is pulled as if it were not there.
     async fn already_present(
         &self,
         reference: &Reference,
         resolved: &Resolved,
     ) -> Result<Option<Image>, PullError> {
+        let generation = self.images.generation();
         let by_digest = reference.with_digest(&resolved.digest);
         let Some(mut image) = self.images.resolve(&by_digest) else {
             return Ok(None);
@@ -562,7 +564,15 @@ impl ImagePuller {
                 .put_image(name, to_containerd(&top), labels.clone())
                 .await?;
         }
+        crate::failpoint::hit("pull_found_present").await?;
         image.references.extend(names);
+        if !self
+            .images
+            .add_if_none_removed_since(image.clone(), generation)
+        {
+            tracing::debug!(image = %reference, id = %image.id, "image removed while found present; pulling it again");
+            return Ok(None);
+        }
         tracing::debug!(image = %reference, id = %image.id, "image present; nothing fetched");
         Ok(Some(image))
     }
@@ -610,18 +620,24 @@ impl ImagePuller {
         names.insert(reference.with_digest(&docs.top.digest));
         names.insert(image_id.clone());
         let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
+        // A name a RemoveImage takes away after this point may be gone from containerd
+        // again by the time the pull is done: the store does not get it back.
+        let generation = self.images.generation();
         for name in &names {
             self.containerd
                 .put_image(name, to_containerd(&docs.top), labels.clone())
                 .await?;
         }
-        Ok(ImageDocuments {
+        let image = ImageDocuments {
             target_size: docs.top.size,
             manifest_size: docs.index.as_ref().map(|_| docs.manifest_desc.size),
             manifest: &docs.manifest,
             config: docs.config.clone(),
         }
-        .into_image(names))
+        .into_image(names);
+        self.images
+            .add_unless_removed_since(image.clone(), generation);
+        Ok(image)
     }
 
     /// Downloads the layers concurrently and unpacks each, in order, once it is in.

@@ -79,30 +79,7 @@ impl ImageStore {
     /// Adds an image or merges its references into the one with the same ID. A reference
     /// that pointed at another image moves.
     pub fn add(&self, image: Image) {
-        let mut inner = self.write();
-        for reference in &image.references {
-            if let Some(old) = inner.by_reference.get(reference).cloned()
-                && old != image.id
-            {
-                detach(&mut inner, reference, &old);
-            }
-            for key in lookup_keys(reference) {
-                inner.by_reference.insert(key, image.id.clone());
-            }
-        }
-        let id = image.id.clone();
-        match inner.images.get_mut(&id) {
-            Some(existing) => {
-                existing.references.extend(image.references);
-                existing.chain_id = image.chain_id;
-                existing.size = image.size;
-                existing.config = image.config;
-            }
-            None => {
-                inner.ids.insert(hex_of(&id));
-                inner.images.insert(id, image);
-            }
-        }
+        add_to(&mut self.write(), image);
     }
 
     /// Forgets the name `reference`; an image left without names is removed.
@@ -138,6 +115,22 @@ impl ImageStore {
         if !image.references.is_empty() {
             self.add(image);
         }
+    }
+
+    /// Adds an image whose names were all in containerd when the store was at `generation`,
+    /// unless one of them was removed since (a RemoveImage that raced the pull may have
+    /// deleted it): then nothing is added and the answer is false.
+    pub fn add_if_none_removed_since(&self, image: Image, generation: u64) -> bool {
+        let mut inner = self.write();
+        if image
+            .references
+            .iter()
+            .any(|r| inner.removed_at.get(r).is_some_and(|at| *at > generation))
+        {
+            return false;
+        }
+        add_to(&mut inner, image);
+        true
     }
 
     /// Finds an image by name, by normalised reference, by ID or by unique ID prefix.
@@ -193,6 +186,33 @@ fn lookup_keys(reference: &str) -> Vec<String> {
     keys
 }
 
+/// Adds `image` to `inner`, merging its references into the image of the same ID.
+fn add_to(inner: &mut Inner, image: Image) {
+    for reference in &image.references {
+        if let Some(old) = inner.by_reference.get(reference).cloned()
+            && old != image.id
+        {
+            detach(inner, reference, &old);
+        }
+        for key in lookup_keys(reference) {
+            inner.by_reference.insert(key, image.id.clone());
+        }
+    }
+    let id = image.id.clone();
+    match inner.images.get_mut(&id) {
+        Some(existing) => {
+            existing.references.extend(image.references);
+            existing.chain_id = image.chain_id;
+            existing.size = image.size;
+            existing.config = image.config;
+        }
+        None => {
+            inner.ids.insert(hex_of(&id));
+            inner.images.insert(id, image);
+        }
+    }
+}
+
 fn detach(inner: &mut Inner, reference: &str, id: &str) {
     for key in lookup_keys(reference) {
         if inner
@@ -243,6 +263,25 @@ mod tests {
         // A read that starts after the removal (a new pull) counts.
         let after = store.generation();
         store.add_unless_removed_since(image("sha256:aaa", &["busybox:latest"]), after);
+        assert!(store.resolve("busybox:latest").is_some());
+    }
+
+    #[test]
+    fn a_present_image_whose_name_was_removed_meanwhile_is_not_added() {
+        let store = ImageStore::new();
+        store.add(image(
+            "sha256:aaa",
+            &["busybox:latest", "busybox@sha256:ddd"],
+        ));
+        let found = store.resolve("busybox:latest").unwrap();
+        let before = store.generation();
+        store.remove_reference("busybox@sha256:ddd");
+        assert!(!store.add_if_none_removed_since(found.clone(), before));
+        assert!(store.resolve("busybox@sha256:ddd").is_none());
+        // Nothing removed since: added, every name.
+        let now = store.generation();
+        assert!(store.add_if_none_removed_since(found, now));
+        assert!(store.resolve("busybox@sha256:ddd").is_some());
         assert!(store.resolve("busybox:latest").is_some());
     }
 
