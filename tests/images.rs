@@ -573,8 +573,8 @@ fn committed_snapshots(crius: &Crius) -> HashSet<String> {
 )]
 async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
     let registry = Testbed::from_env().registry;
-    // A pull that finds a layer's snapshot already there waits 1.5 s before it goes on.
-    let crius = Crius::start_with_failpoints("unpack_found_snapshot=sleep(1500)").await;
+    // A pull that finds a layer's snapshot already there waits 3 s before it goes on.
+    let crius = Crius::start_with_failpoints("unpack_found_snapshot=sleep(3000)").await;
     let mut client = crius.client().await;
     let base = random_layer();
     let alone = format!(
@@ -597,14 +597,35 @@ async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
         let (mut client, alone) = (client.clone(), alone.clone());
         tokio::spawn(async move { pull(&mut client, &alone).await })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_failpoint(&crius, "unpack_found_snapshot").await;
     remove(&mut client, &stacked).await;
+    assert!(
+        !pulling.is_finished(),
+        "the removal came while the pull waited"
+    );
     assert_eq!(pulling.await.unwrap().unwrap(), id);
     assert_eq!(committed_snapshots(&crius), snapshots);
-    assert!(
-        crius.log().contains("unpack_found_snapshot"),
-        "the pull found the snapshot"
-    );
+}
+
+/// Waits until crius's log shows the failpoint `name` sleeping.
+async fn wait_for_failpoint(crius: &Crius, name: &str) {
+    let reached = eventually(Duration::from_secs(20), || async {
+        crius
+            .log()
+            .lines()
+            .any(|l| l.contains("failpoint sleeping") && l.contains(name))
+    })
+    .await;
+    assert!(reached, "failpoint {name} not reached");
+}
+
+/// Whether ImageStatus and containerd's records agree on whether `image` is there.
+async fn store_agrees_with_containerd(crius: &Crius, client: &mut CriClient, image: &str) -> bool {
+    let listed = crius
+        .ctr(&["images", "ls", "-q"])
+        .lines()
+        .any(|l| l == image);
+    status(client, image).await.is_some() == listed
 }
 
 #[tokio::test]
@@ -612,31 +633,60 @@ async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
     not(feature = "failpoints"),
     ignore = "needs --features failpoints (make test has it)"
 )]
-async fn a_pull_that_found_the_image_present_while_it_was_removed_pulls_it_again() {
+async fn a_removal_waits_for_a_pull_that_found_the_image_present() {
     let registry = Testbed::from_env().registry;
-    // A pull that finds the image present waits 1.5 s before it records it.
-    let crius = Crius::start_with_failpoints("pull_found_present=sleep(1500)").await;
+    // A pull that finds the image present waits 3 s before it records it.
+    let crius = Crius::start_with_failpoints("pull_found_present=sleep(3000)").await;
     let mut client = crius.client().await;
     let image = format!("{registry}/{}", push_random_image(&registry).await);
-    let id = pull(&mut client, &image).await.unwrap();
-    let (content, snapshots) = (content_digests(&crius), committed_snapshots(&crius));
+    pull(&mut client, &image).await.unwrap();
 
     let pulling = {
         let (mut client, image) = (client.clone(), image.clone());
         tokio::spawn(async move { pull(&mut client, &image).await })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // Its names, content and snapshot go while the pull waits.
+    wait_for_failpoint(&crius, "pull_found_present").await;
     remove(&mut client, &image).await;
-    assert!(!crius.ctr(&["images", "ls", "-q"]).contains(&image));
-    assert_eq!(pulling.await.unwrap().unwrap(), id);
+    // The removal came after the pull had recorded the image, and took all of it.
+    assert!(
+        pulling.is_finished(),
+        "RemoveImage answered before the pull"
+    );
+    pulling.await.unwrap().unwrap();
+    assert!(status(&mut client, &image).await.is_none());
+    assert!(store_agrees_with_containerd(&crius, &mut client, &image).await);
+}
 
-    // What crius reports is what containerd holds: the image, whole.
-    assert_eq!(status(&mut client, &image).await.unwrap().id, id);
-    assert!(crius.ctr(&["images", "ls", "-q"]).contains(&image));
-    assert_eq!(content_digests(&crius), content);
-    assert_eq!(committed_snapshots(&crius), snapshots);
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_pull_that_found_the_image_present_while_ctr_removed_it_pulls_it_again() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start_with_failpoints("pull_found_present=sleep(3000)").await;
+    let mut client = crius.client().await;
+    let image = format!("{registry}/{}", push_random_image(&registry).await);
+    let id = pull(&mut client, &image).await.unwrap();
+
+    let pulling = {
+        let (mut client, image) = (client.clone(), image.clone());
+        tokio::spawn(async move { pull(&mut client, &image).await })
+    };
+    wait_for_failpoint(&crius, "pull_found_present").await;
+    // Another client deletes the tag, with the content, while the pull waits.
+    crius.ctr(&["images", "rm", "--sync", &image]);
+    let forgotten = eventually(Duration::from_secs(5), || {
+        let mut client = client.clone();
+        let image = image.clone();
+        async move { status(&mut client, &image).await.is_none() }
+    })
+    .await;
+    assert!(forgotten, "crius follows the delete");
+    assert_eq!(pulling.await.unwrap().unwrap(), id);
     assert!(crius.log().contains("pulling it again"));
+    assert_eq!(status(&mut client, &image).await.unwrap().id, id);
+    assert!(store_agrees_with_containerd(&crius, &mut client, &image).await);
 }
 
 #[tokio::test]

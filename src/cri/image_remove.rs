@@ -15,9 +15,11 @@ impl CriService {
         if text.is_empty() {
             return Err(Status::invalid_argument("image to remove is required"));
         }
-        let Some(image) = self.images.resolve(&text) else {
+        // Held to the last delete: a pull of the image records its names before or after.
+        let Some(locked) = self.images.resolve_locked(&text).await else {
             return Ok(RemoveImageResponse {});
         };
+        let image = &locked.image;
         let pods = self.pods_with_image_volume(&image.id);
         if !pods.is_empty() {
             return Err(Status::failed_precondition(format!(

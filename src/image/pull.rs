@@ -535,18 +535,19 @@ impl ImagePuller {
     /// The image `resolved` names when it is pulled and unpacked already, as containerd's
     /// pull finds every blob and snapshot present: only the names it lacks are recorded.
     /// containerd's garbage collector keeps what an image record references, so its top
-    /// snapshot standing is the one thing checked. A RemoveImage of it that comes meanwhile
-    /// may have deleted its names and content: then it is pulled as if it were not there.
+    /// snapshot standing is the one thing checked. A name of it deleted meanwhile by another
+    /// client may have taken the content along: then it is pulled as if it were not there.
     async fn already_present(
         &self,
         reference: &Reference,
         resolved: &Resolved,
     ) -> Result<Option<Image>, PullError> {
-        let generation = self.images.generation();
         let by_digest = reference.with_digest(&resolved.digest);
-        let Some(mut image) = self.images.resolve(&by_digest) else {
+        // Held until the image is recorded: a RemoveImage of it comes before or after.
+        let Some(locked) = self.images.resolve_locked(&by_digest).await else {
             return Ok(None);
         };
+        let mut image = locked.image.clone();
         if !image.references.contains(&by_digest)
             || !self
                 .containerd
@@ -565,14 +566,20 @@ impl ImagePuller {
                 .await?;
         }
         crate::failpoint::hit("pull_found_present").await?;
-        image.references.extend(names);
+        // `ctr images rm` takes names away without the lock: one of these gone meanwhile may
+        // have taken the content with it.
+        let recorded = Image {
+            references: names.clone(),
+            ..image.clone()
+        };
         if !self
             .images
-            .add_if_none_removed_since(image.clone(), generation)
+            .add_if_none_removed_since(recorded, locked.generation)
         {
             tracing::debug!(image = %reference, id = %image.id, "image removed while found present; pulling it again");
             return Ok(None);
         }
+        image.references.extend(names);
         tracing::debug!(image = %reference, id = %image.id, "image present; nothing fetched");
         Ok(Some(image))
     }
@@ -620,8 +627,10 @@ impl ImagePuller {
         names.insert(reference.with_digest(&docs.top.digest));
         names.insert(image_id.clone());
         let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
-        // A name a RemoveImage takes away after this point may be gone from containerd
-        // again by the time the pull is done: the store does not get it back.
+        // A RemoveImage of this image comes before the names are written or after they are
+        // recorded; a name `ctr images rm` takes away meanwhile may be gone from
+        // containerd again by the time they are: the store does not get it back.
+        let _names = self.images.lock_names(&image_id).await;
         let generation = self.images.generation();
         for name in &names {
             self.containerd

@@ -53,10 +53,33 @@ struct Inner {
     removed_at: HashMap<String, u64>,
 }
 
+/// How many locks the images' names are spread over (see [`ImageStore::lock_names`]).
+const NAME_LOCKS: usize = 32;
+
 /// All images, safe to share.
-#[derive(Default)]
 pub struct ImageStore {
     inner: RwLock<Inner>,
+    /// Held while an image's names change in containerd and in the store together.
+    name_locks: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl Default for ImageStore {
+    fn default() -> Self {
+        Self {
+            inner: RwLock::default(),
+            name_locks: (0..NAME_LOCKS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+        }
+    }
+}
+
+/// An image read with its names locked: see [`ImageStore::resolve_locked`].
+pub struct LockedImage<'a> {
+    pub image: Image,
+    /// The store's generation when the image was read.
+    pub generation: u64,
+    _names: tokio::sync::MutexGuard<'a, ()>,
 }
 
 fn hex_of(id: &str) -> &str {
@@ -98,6 +121,45 @@ impl ImageStore {
         self.read().by_reference.contains_key(reference)
     }
 
+    /// Waits until no one else changes the names of the image `id` (in containerd and here),
+    /// and keeps it so until the guard drops: RemoveImage holds it from reading the image's
+    /// names to its last delete, a pull while it writes names and records them, so neither
+    /// records or deletes a name in between the other's two steps. Images share the locks
+    /// by a hash of their IDs.
+    pub async fn lock_names(&self, id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        id.hash(&mut hasher);
+        let stripe = (hasher.finish() % self.name_locks.len() as u64) as usize;
+        self.name_locks[stripe].lock().await
+    }
+
+    /// The image `text` resolves to, with its names locked (see [`Self::lock_names`]), and
+    /// the store's generation it was read at; resolved again once the lock is held, as a
+    /// pull or removal that held it may have changed the names.
+    pub async fn resolve_locked(&self, text: &str) -> Option<LockedImage<'_>> {
+        loop {
+            let found = self.resolve(text)?;
+            let guard = self.lock_names(&found.id).await;
+            let (image, generation) = {
+                let inner = self.read();
+                (resolve_in(&inner, text), inner.generation)
+            };
+            match image {
+                Some(image) if image.id == found.id => {
+                    return Some(LockedImage {
+                        image,
+                        generation,
+                        _names: guard,
+                    });
+                }
+                // The name moved to another image meanwhile: lock that one.
+                Some(_) => continue,
+                None => return None,
+            }
+        }
+    }
+
     /// Where the store is now, for [`Self::add_unless_removed_since`].
     pub fn generation(&self) -> u64 {
         self.read().generation
@@ -106,14 +168,12 @@ impl ImageStore {
     /// Adds an image read from containerd when the store was at `generation`, without the
     /// names removed since: a read that raced a RemoveImage must not bring the image back.
     pub fn add_unless_removed_since(&self, mut image: Image, generation: u64) {
-        {
-            let inner = self.read();
-            image
-                .references
-                .retain(|r| inner.removed_at.get(r).is_none_or(|at| *at <= generation));
-        }
+        let mut inner = self.write();
+        image
+            .references
+            .retain(|r| inner.removed_at.get(r).is_none_or(|at| *at <= generation));
         if !image.references.is_empty() {
-            self.add(image);
+            add_to(&mut inner, image);
         }
     }
 
@@ -135,26 +195,7 @@ impl ImageStore {
 
     /// Finds an image by name, by normalised reference, by ID or by unique ID prefix.
     pub fn resolve(&self, text: &str) -> Option<Image> {
-        let inner = self.read();
-        if let Some(id) = inner.by_reference.get(text) {
-            return inner.images.get(id).cloned();
-        }
-        if let Some(image) = inner.images.get(text) {
-            return Some(image.clone());
-        }
-        if let Ok(reference) = Reference::parse(text)
-            && let Some(id) = inner.by_reference.get(&reference.to_string())
-        {
-            return inner.images.get(id).cloned();
-        }
-        let hex = hex_of(text);
-        if hex.len() >= 3
-            && hex.bytes().all(|b| b.is_ascii_hexdigit())
-            && let Ok(Some(full)) = inner.ids.get(hex)
-        {
-            return inner.images.get(&format!("sha256:{full}")).cloned();
-        }
-        None
+        resolve_in(&self.read(), text)
     }
 
     pub fn get(&self, id: &str) -> Option<Image> {
@@ -184,6 +225,29 @@ fn lookup_keys(reference: &str) -> Vec<String> {
         keys.push(normalised);
     }
     keys
+}
+
+/// [`ImageStore::resolve`] on the store's contents.
+fn resolve_in(inner: &Inner, text: &str) -> Option<Image> {
+    if let Some(id) = inner.by_reference.get(text) {
+        return inner.images.get(id).cloned();
+    }
+    if let Some(image) = inner.images.get(text) {
+        return Some(image.clone());
+    }
+    if let Ok(reference) = Reference::parse(text)
+        && let Some(id) = inner.by_reference.get(&reference.to_string())
+    {
+        return inner.images.get(id).cloned();
+    }
+    let hex = hex_of(text);
+    if hex.len() >= 3
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        && let Ok(Some(full)) = inner.ids.get(hex)
+    {
+        return inner.images.get(&format!("sha256:{full}")).cloned();
+    }
+    None
 }
 
 /// Adds `image` to `inner`, merging its references into the image of the same ID.
@@ -283,6 +347,26 @@ mod tests {
         assert!(store.add_if_none_removed_since(found, now));
         assert!(store.resolve("busybox@sha256:ddd").is_some());
         assert!(store.resolve("busybox:latest").is_some());
+    }
+
+    #[tokio::test]
+    async fn an_image_locked_for_its_names_waits_and_is_read_again() {
+        let store = ImageStore::new();
+        store.add(image("sha256:aaa", &["busybox:latest"]));
+        let held = store.lock_names("sha256:aaa").await;
+        let waiter = store.resolve_locked("busybox:latest");
+        tokio::pin!(waiter);
+        assert!(futures::poll!(&mut waiter).is_pending());
+        // Removed by the holder: nothing is left to lock.
+        store.remove_reference("busybox:latest");
+        drop(held);
+        assert!(waiter.await.is_none());
+
+        store.add(image("sha256:aaa", &["busybox:latest"]));
+        let before = store.generation();
+        let locked = store.resolve_locked("busybox:latest").await.unwrap();
+        assert_eq!(locked.image.id, "sha256:aaa");
+        assert_eq!(locked.generation, before);
     }
 
     const ID_A: &str = "sha256:aaaa1111";
