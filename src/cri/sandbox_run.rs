@@ -598,14 +598,13 @@ impl CriService {
             return Ok(image);
         }
         if self.config.image.sandbox_image.is_empty() {
-            let image = crate::image::builtin::ensure_pause_image(
+            return crate::image::builtin::ensure_pause_image(
                 &self.containerd,
                 &self.config.containerd.snapshotter,
+                &self.images,
             )
             .await
-            .map_err(|e| Status::internal(format!("importing the built-in pause image: {e}")))?;
-            self.images.add(image.clone());
-            return Ok(image);
+            .map_err(|e| Status::internal(format!("importing the built-in pause image: {e}")));
         }
         let reference = crate::image::reference::Reference::parse(&self.sandbox_image)
             .map_err(|e| Status::failed_precondition(e.to_string()))?;

@@ -111,10 +111,12 @@ fn write_error(e: WriteError<std::convert::Infallible>) -> BuiltinError {
 }
 
 /// Makes sure the built-in pause image is in containerd (content, unpacked snapshot and
-/// records) and returns it.
+/// records), records it in `images` and returns it. Its names are locked meanwhile: a
+/// RemoveImage of it comes before the look or after the record.
 pub async fn ensure_pause_image(
     containerd: &Containerd,
     snapshotter: &str,
+    images: &crate::store::ImageStore,
 ) -> Result<Image, BuiltinError> {
     let docs = documents()?;
     let config: ImageConfigFile =
@@ -125,6 +127,7 @@ pub async fn ensure_pause_image(
     let chain_id = docs.layer_desc.digest.clone();
     let names = BTreeSet::from([BUILTIN_PAUSE_IMAGE.to_string(), image_id.clone()]);
 
+    let _names = images.lock_names(&image_id).await;
     let present = match containerd.get_image(BUILTIN_PAUSE_IMAGE).await? {
         Some(record) => {
             record.target.as_ref().map(|t| t.digest.as_str())
@@ -145,13 +148,15 @@ pub async fn ensure_pause_image(
         imported?;
         tracing::info!(image = BUILTIN_PAUSE_IMAGE, id = %image_id, "imported the built-in pause image");
     }
-    Ok(ImageDocuments {
+    let image = ImageDocuments {
         target_size: docs.manifest_desc.size,
         manifest_size: None,
         manifest: &manifest,
         config,
     }
-    .into_image(names))
+    .into_image(names);
+    images.add(image.clone());
+    Ok(image)
 }
 
 async fn import(
