@@ -48,9 +48,31 @@ struct Inner {
     by_reference: HashMap<String, String>,
     /// Image IDs without the `sha256:` prefix.
     ids: IdIndex,
-    /// Counts reference removals; `removed_at` holds the count at each name's last removal.
+    /// Counts reference removals; `removed_at` holds the count at each name's last removal
+    /// (and when it was), for reads of containerd that started before it.
     generation: u64,
-    removed_at: HashMap<String, u64>,
+    removed_at: HashMap<String, Removal>,
+    /// How many removals make the next look for old ones.
+    prune_removals_at: usize,
+}
+
+/// A name's last removal from the store.
+#[derive(Debug, Clone, Copy)]
+struct Removal {
+    generation: u64,
+    at: std::time::Instant,
+}
+
+/// Removals are looked at by reads of containerd that started before them (a pull writing
+/// names, an event's read of a record): such a read takes seconds at most. Once this many
+/// names are recorded, those removed longer than [`REMOVAL_MEMORY`] ago are forgotten, so
+/// clients removing ever new names do not grow the store.
+const REMOVALS_KEPT: usize = 1024;
+const REMOVAL_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Forgets the removals made before `cutoff`.
+fn forget_removals_before(removed_at: &mut HashMap<String, Removal>, cutoff: std::time::Instant) {
+    removed_at.retain(|_, removal| removal.at >= cutoff);
 }
 
 /// How many locks the images' names are spread over (see [`ImageStore::lock_names`]).
@@ -110,7 +132,20 @@ impl ImageStore {
         let mut inner = self.write();
         inner.generation += 1;
         let generation = inner.generation;
-        inner.removed_at.insert(reference.to_string(), generation);
+        if inner.removed_at.len() >= inner.prune_removals_at {
+            if let Some(cutoff) = std::time::Instant::now().checked_sub(REMOVAL_MEMORY) {
+                forget_removals_before(&mut inner.removed_at, cutoff);
+            }
+            // What is left is recent: look again once as many more have come.
+            inner.prune_removals_at = REMOVALS_KEPT.max(2 * inner.removed_at.len());
+        }
+        inner.removed_at.insert(
+            reference.to_string(),
+            Removal {
+                generation,
+                at: std::time::Instant::now(),
+            },
+        );
         if let Some(id) = inner.by_reference.get(reference).cloned() {
             detach(&mut inner, reference, &id);
         }
@@ -169,9 +204,12 @@ impl ImageStore {
     /// names removed since: a read that raced a RemoveImage must not bring the image back.
     pub fn add_unless_removed_since(&self, mut image: Image, generation: u64) {
         let mut inner = self.write();
-        image
-            .references
-            .retain(|r| inner.removed_at.get(r).is_none_or(|at| *at <= generation));
+        image.references.retain(|r| {
+            inner
+                .removed_at
+                .get(r)
+                .is_none_or(|removal| removal.generation <= generation)
+        });
         if !image.references.is_empty() {
             add_to(&mut inner, image);
         }
@@ -182,11 +220,12 @@ impl ImageStore {
     /// deleted it): then nothing is added and the answer is false.
     pub fn add_if_none_removed_since(&self, image: Image, generation: u64) -> bool {
         let mut inner = self.write();
-        if image
-            .references
-            .iter()
-            .any(|r| inner.removed_at.get(r).is_some_and(|at| *at > generation))
-        {
+        if image.references.iter().any(|r| {
+            inner
+                .removed_at
+                .get(r)
+                .is_some_and(|removal| removal.generation > generation)
+        }) {
             return false;
         }
         add_to(&mut inner, image);
@@ -367,6 +406,44 @@ mod tests {
         let locked = store.resolve_locked("busybox:latest").await.unwrap();
         assert_eq!(locked.image.id, "sha256:aaa");
         assert_eq!(locked.generation, before);
+    }
+
+    #[test]
+    fn removals_older_than_the_cutoff_are_forgotten() {
+        let mut removed = HashMap::new();
+        let then = std::time::Instant::now();
+        let later = then + std::time::Duration::from_secs(1);
+        removed.insert(
+            "old:v1".to_string(),
+            Removal {
+                generation: 1,
+                at: then,
+            },
+        );
+        removed.insert(
+            "new:v1".to_string(),
+            Removal {
+                generation: 2,
+                at: later,
+            },
+        );
+        forget_removals_before(&mut removed, later);
+        assert!(removed.contains_key("new:v1"));
+        assert!(!removed.contains_key("old:v1"));
+    }
+
+    #[test]
+    fn recent_removals_are_kept_however_many() {
+        let store = ImageStore::new();
+        for i in 0..3 * REMOVALS_KEPT {
+            let name = format!("r{i}:v1");
+            store.add(image(&format!("sha256:{i:04x}"), &[name.as_str()]));
+            store.remove_reference(&name);
+        }
+        // A read of containerd from before every removal brings none of the names back.
+        store.add_unless_removed_since(image("sha256:0000", &["r0:v1"]), 0);
+        assert!(store.resolve("r0:v1").is_none());
+        assert!(store.read().removed_at.len() >= 3 * REMOVALS_KEPT);
     }
 
     const ID_A: &str = "sha256:aaaa1111";
