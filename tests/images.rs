@@ -573,8 +573,8 @@ fn committed_snapshots(crius: &Crius) -> HashSet<String> {
 )]
 async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
     let registry = Testbed::from_env().registry;
-    // A pull that finds a layer's snapshot already there waits 3 s before it goes on.
-    let crius = Crius::start_with_failpoints("unpack_found_snapshot=sleep(3000)").await;
+    // A pull that finds a layer's snapshot already there waits 10 s before it goes on.
+    let crius = Crius::start_with_failpoints("unpack_found_snapshot=sleep(10000)").await;
     let mut client = crius.client().await;
     let base = random_layer();
     let alone = format!(
@@ -664,7 +664,7 @@ async fn a_removal_waits_for_a_pull_that_found_the_image_present() {
 )]
 async fn a_pull_that_found_the_image_present_while_ctr_removed_it_pulls_it_again() {
     let registry = Testbed::from_env().registry;
-    let crius = Crius::start_with_failpoints("pull_found_present=sleep(3000)").await;
+    let crius = Crius::start_with_failpoints("pull_found_present=sleep(10000)").await;
     let mut client = crius.client().await;
     let image = format!("{registry}/{}", push_random_image(&registry).await);
     let id = pull(&mut client, &image).await.unwrap();
@@ -674,9 +674,10 @@ async fn a_pull_that_found_the_image_present_while_ctr_removed_it_pulls_it_again
         tokio::spawn(async move { pull(&mut client, &image).await })
     };
     wait_for_failpoint(&crius, "pull_found_present").await;
-    // Another client deletes the tag, with the content, while the pull waits.
-    crius.ctr(&["images", "rm", "--sync", &image]);
-    let forgotten = eventually(Duration::from_secs(5), || {
+    // Another client deletes the tag while the pull waits (its digest and ID names keep
+    // the content): the pull must write it again.
+    crius.ctr(&["images", "rm", &image]);
+    let forgotten = eventually(Duration::from_secs(8), || {
         let mut client = client.clone();
         let image = image.clone();
         async move { status(&mut client, &image).await.is_none() }

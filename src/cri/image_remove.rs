@@ -16,7 +16,7 @@ impl CriService {
             return Err(Status::invalid_argument("image to remove is required"));
         }
         // Held to the last delete: a pull of the image records its names before or after.
-        let Some(locked) = self.images.resolve_locked(&text).await else {
+        let Some(locked) = self.images.resolve_locked(&text, &Default::default()).await else {
             return Ok(RemoveImageResponse {});
         };
         let image = &locked.image;

@@ -127,7 +127,7 @@ pub async fn ensure_pause_image(
     let chain_id = docs.layer_desc.digest.clone();
     let names = BTreeSet::from([BUILTIN_PAUSE_IMAGE.to_string(), image_id.clone()]);
 
-    let _names = images.lock_names(&image_id).await;
+    let _names = images.lock_names(names.iter().cloned()).await;
     let present = match containerd.get_image(BUILTIN_PAUSE_IMAGE).await? {
         Some(record) => {
             record.target.as_ref().map(|t| t.digest.as_str())

@@ -105,11 +105,11 @@ pub async fn sync_record(
     store: &crate::store::ImageStore,
     name: &str,
 ) -> Result<(), LoadError> {
-    let generation = store.generation();
+    let read = store.read_generation();
     match containerd.get_image(name).await? {
         Some(record) => {
             let image = load_image(containerd, &record).await?;
-            store.add_unless_removed_since(image, generation);
+            store.add_unless_removed_since(image, read.generation);
         }
         None => store.remove_reference(name),
     }

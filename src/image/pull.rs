@@ -497,7 +497,13 @@ impl ImagePuller {
             why = stop.clone() => return Err(why.into()),
         };
         progress.touch();
-        if let Some(image) = self.already_present(reference, &resolved).await? {
+        // Bounded like the rest: it may wait for a RemoveImage of the image. Names it wrote
+        // before a stop reach the store through containerd's events.
+        let present = tokio::select! {
+            present = self.already_present(reference, &resolved) => present?,
+            why = stop.clone() => return Err(why.into()),
+        };
+        if let Some(image) = present {
             return Ok(image);
         }
         let docs = tokio::select! {
@@ -543,11 +549,15 @@ impl ImagePuller {
         resolved: &Resolved,
     ) -> Result<Option<Image>, PullError> {
         let by_digest = reference.with_digest(&resolved.digest);
-        // Held until the image is recorded: a RemoveImage of it comes before or after.
-        let Some(locked) = self.images.resolve_locked(&by_digest).await else {
+        let mut names = BTreeSet::from([by_digest.clone()]);
+        names.extend(reference.tagged());
+        // Held until the image is recorded: a RemoveImage of it, or of the image a tag
+        // pointed at before, comes before or after.
+        let Some(locked) = self.images.resolve_locked(&by_digest, &names).await else {
             return Ok(None);
         };
         let mut image = locked.image.clone();
+        names.insert(image.id.clone());
         if !image.references.contains(&by_digest)
             || !self
                 .containerd
@@ -556,8 +566,6 @@ impl ImagePuller {
         {
             return Ok(None);
         }
-        let mut names = BTreeSet::from([by_digest, image.id.clone()]);
-        names.extend(reference.tagged());
         let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
         let top = top_descriptor(resolved);
         for name in names.difference(&image.references) {
@@ -574,7 +582,7 @@ impl ImagePuller {
         };
         if !self
             .images
-            .add_if_none_removed_since(recorded, locked.generation)
+            .add_if_none_removed_since(recorded, locked.read.generation)
         {
             tracing::debug!(image = %reference, id = %image.id, "image removed while found present; pulling it again");
             return Ok(None);
@@ -627,11 +635,12 @@ impl ImagePuller {
         names.insert(reference.with_digest(&docs.top.digest));
         names.insert(image_id.clone());
         let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
-        // A RemoveImage of this image comes before the names are written or after they are
-        // recorded; a name `ctr images rm` takes away meanwhile may be gone from
-        // containerd again by the time they are: the store does not get it back.
-        let _names = self.images.lock_names(&image_id).await;
-        let generation = self.images.generation();
+        // A RemoveImage of this image, or of the one a tag pointed at, comes before the
+        // names are written or after they are recorded; a name `ctr images rm` takes away
+        // meanwhile may be gone from containerd again by then: the store does not get it
+        // back.
+        let _names = self.images.lock_names(names.iter().cloned()).await;
+        let read = self.images.read_generation();
         for name in &names {
             self.containerd
                 .put_image(name, to_containerd(&docs.top), labels.clone())
@@ -645,7 +654,7 @@ impl ImagePuller {
         }
         .into_image(names);
         self.images
-            .add_unless_removed_since(image.clone(), generation);
+            .add_unless_removed_since(image.clone(), read.generation);
         Ok(image)
     }
 

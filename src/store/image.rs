@@ -1,8 +1,8 @@
 //! The image store: every image in crius's containerd namespace, keyed by image ID (the
 //! config digest), with all the names (containerd image records) that point at it.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::RwLock;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, RwLock, Weak};
 
 use super::id_index::IdIndex;
 use crate::image::manifest::ImageConfigFile;
@@ -48,50 +48,59 @@ struct Inner {
     by_reference: HashMap<String, String>,
     /// Image IDs without the `sha256:` prefix.
     ids: IdIndex,
-    /// Counts reference removals; `removed_at` holds the count at each name's last removal
-    /// (and when it was), for reads of containerd that started before it.
+    /// Counts reference removals; `removed_at` holds the count at each name's last removal,
+    /// for reads of containerd that started before it.
     generation: u64,
-    removed_at: HashMap<String, Removal>,
-    /// How many removals make the next look for old ones.
+    removed_at: HashMap<String, u64>,
+    /// The generations reads in progress started at, with how many started at each.
+    readers: BTreeMap<u64, usize>,
+    /// How many removals make the next look for ones no read can need.
     prune_removals_at: usize,
 }
 
-/// A name's last removal from the store.
-#[derive(Debug, Clone, Copy)]
-struct Removal {
-    generation: u64,
-    at: std::time::Instant,
-}
-
-/// Removals are looked at by reads of containerd that started before them (a pull writing
-/// names, an event's read of a record): such a read takes seconds at most. Once this many
-/// names are recorded, those removed longer than [`REMOVAL_MEMORY`] ago are forgotten, so
-/// clients removing ever new names do not grow the store.
+/// Removals are looked at only by reads of containerd in progress that started before them
+/// (a pull writing names, an event's read of a record). Once this many are remembered, those
+/// no such read can need are forgotten, so clients removing ever new names do not grow the
+/// store.
 const REMOVALS_KEPT: usize = 1024;
-const REMOVAL_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// Forgets the removals made before `cutoff`.
-fn forget_removals_before(removed_at: &mut HashMap<String, Removal>, cutoff: std::time::Instant) {
-    removed_at.retain(|_, removal| removal.at >= cutoff);
+impl Inner {
+    /// Forgets the removals no read in progress started before.
+    fn forget_unneeded_removals(&mut self) {
+        let oldest_read = self
+            .readers
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(self.generation);
+        self.removed_at.retain(|_, at| *at > oldest_read);
+    }
 }
-
-/// How many locks the images' names are spread over (see [`ImageStore::lock_names`]).
-const NAME_LOCKS: usize = 32;
 
 /// All images, safe to share.
+#[derive(Default)]
 pub struct ImageStore {
     inner: RwLock<Inner>,
-    /// Held while an image's names change in containerd and in the store together.
-    name_locks: Vec<tokio::sync::Mutex<()>>,
+    /// One lock per image name or ID changing in containerd and in the store together (see
+    /// [`ImageStore::lock_names`]); gone once no one holds or waits for it.
+    name_locks: std::sync::Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
 }
 
-impl Default for ImageStore {
-    fn default() -> Self {
-        Self {
-            inner: RwLock::default(),
-            name_locks: (0..NAME_LOCKS)
-                .map(|_| tokio::sync::Mutex::new(()))
-                .collect(),
+/// A read of the store's generation, registered until it drops: removals after it are
+/// remembered while it lasts.
+pub struct GenerationRead<'a> {
+    store: &'a ImageStore,
+    pub generation: u64,
+}
+
+impl Drop for GenerationRead<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.store.write();
+        if let Some(count) = inner.readers.get_mut(&self.generation) {
+            *count -= 1;
+            if *count == 0 {
+                inner.readers.remove(&self.generation);
+            }
         }
     }
 }
@@ -100,8 +109,13 @@ impl Default for ImageStore {
 pub struct LockedImage<'a> {
     pub image: Image,
     /// The store's generation when the image was read.
-    pub generation: u64,
-    _names: tokio::sync::MutexGuard<'a, ()>,
+    pub read: GenerationRead<'a>,
+    _names: NameLocks,
+}
+
+/// Locks on image names and IDs: see [`ImageStore::lock_names`].
+pub struct NameLocks {
+    _held: Vec<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 fn hex_of(id: &str) -> &str {
@@ -133,19 +147,11 @@ impl ImageStore {
         inner.generation += 1;
         let generation = inner.generation;
         if inner.removed_at.len() >= inner.prune_removals_at {
-            if let Some(cutoff) = std::time::Instant::now().checked_sub(REMOVAL_MEMORY) {
-                forget_removals_before(&mut inner.removed_at, cutoff);
-            }
-            // What is left is recent: look again once as many more have come.
+            inner.forget_unneeded_removals();
+            // What is left is needed: look again once as many more have come.
             inner.prune_removals_at = REMOVALS_KEPT.max(2 * inner.removed_at.len());
         }
-        inner.removed_at.insert(
-            reference.to_string(),
-            Removal {
-                generation,
-                at: std::time::Instant::now(),
-            },
-        );
+        inner.removed_at.insert(reference.to_string(), generation);
         if let Some(id) = inner.by_reference.get(reference).cloned() {
             detach(&mut inner, reference, &id);
         }
@@ -156,60 +162,89 @@ impl ImageStore {
         self.read().by_reference.contains_key(reference)
     }
 
-    /// Waits until no one else changes the names of the image `id` (in containerd and here),
-    /// and keeps it so until the guard drops: RemoveImage holds it from reading the image's
-    /// names to its last delete, a pull while it writes names and records them, so neither
-    /// records or deletes a name in between the other's two steps. Images share the locks
-    /// by a hash of their IDs.
-    pub async fn lock_names(&self, id: &str) -> tokio::sync::MutexGuard<'_, ()> {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        id.hash(&mut hasher);
-        let stripe = (hasher.finish() % self.name_locks.len() as u64) as usize;
-        self.name_locks[stripe].lock().await
+    /// Waits until no one else changes the image names (or image IDs) in `keys`, in
+    /// containerd and here, and keeps it so until the locks drop: RemoveImage holds an
+    /// image's names and ID from reading them to its last delete, a pull the names it writes
+    /// from writing them to recording them, so neither records or deletes a name between
+    /// the other's two steps (a tag moving to a newer image included). Locks are taken in
+    /// order, so two holders of overlapping sets cannot wait for each other.
+    pub async fn lock_names(&self, keys: impl IntoIterator<Item = String>) -> NameLocks {
+        let keys: BTreeSet<String> = keys.into_iter().collect();
+        let mut held = Vec::with_capacity(keys.len());
+        for key in keys {
+            let lock = self.name_lock(key);
+            held.push(lock.lock_owned().await);
+        }
+        NameLocks { _held: held }
     }
 
-    /// The image `text` resolves to, with its names locked (see [`Self::lock_names`]), and
-    /// the store's generation it was read at; resolved again once the lock is held, as a
-    /// pull or removal that held it may have changed the names.
-    pub async fn resolve_locked(&self, text: &str) -> Option<LockedImage<'_>> {
+    /// The lock of one name or ID, made when no one holds or waits for it.
+    fn name_lock(&self, key: String) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.name_locks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lock) = locks.get(&key).and_then(Weak::upgrade) {
+            return lock;
+        }
+        locks.retain(|_, lock| lock.strong_count() > 0);
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(key, Arc::downgrade(&lock));
+        lock
+    }
+
+    /// The image `text` resolves to, with its names, its ID and the names in `also` locked
+    /// (see [`Self::lock_names`]), and the store's generation it was read at. It is
+    /// resolved again once the locks are held, as a pull or removal that held one may have
+    /// changed the names: then the locks are taken again for the new names.
+    pub async fn resolve_locked(
+        &self,
+        text: &str,
+        also: &BTreeSet<String>,
+    ) -> Option<LockedImage<'_>> {
         loop {
             let found = self.resolve(text)?;
-            let guard = self.lock_names(&found.id).await;
-            let (image, generation) = {
-                let inner = self.read();
-                (resolve_in(&inner, text), inner.generation)
+            let mut keys = found.references.clone();
+            keys.insert(found.id.clone());
+            keys.extend(also.iter().cloned());
+            let names = self.lock_names(keys.iter().cloned()).await;
+            let (image, read) = {
+                let mut inner = self.write();
+                (resolve_in(&inner, text), self.register_read(&mut inner))
             };
             match image {
-                Some(image) if image.id == found.id => {
+                Some(image) if image.id == found.id && image.references.is_subset(&keys) => {
                     return Some(LockedImage {
                         image,
-                        generation,
-                        _names: guard,
+                        read,
+                        _names: names,
                     });
                 }
-                // The name moved to another image meanwhile: lock that one.
                 Some(_) => continue,
                 None => return None,
             }
         }
     }
 
-    /// Where the store is now, for [`Self::add_unless_removed_since`].
-    pub fn generation(&self) -> u64 {
-        self.read().generation
+    /// Where the store is now, for [`Self::add_unless_removed_since`]: the removals after
+    /// it are remembered until the read drops.
+    pub fn read_generation(&self) -> GenerationRead<'_> {
+        self.register_read(&mut self.write())
+    }
+
+    fn register_read(&self, inner: &mut Inner) -> GenerationRead<'_> {
+        let generation = inner.generation;
+        *inner.readers.entry(generation).or_default() += 1;
+        GenerationRead {
+            store: self,
+            generation,
+        }
     }
 
     /// Adds an image read from containerd when the store was at `generation`, without the
     /// names removed since: a read that raced a RemoveImage must not bring the image back.
     pub fn add_unless_removed_since(&self, mut image: Image, generation: u64) {
         let mut inner = self.write();
-        image.references.retain(|r| {
-            inner
-                .removed_at
-                .get(r)
-                .is_none_or(|removal| removal.generation <= generation)
-        });
+        image
+            .references
+            .retain(|r| inner.removed_at.get(r).is_none_or(|at| *at <= generation));
         if !image.references.is_empty() {
             add_to(&mut inner, image);
         }
@@ -220,12 +255,11 @@ impl ImageStore {
     /// deleted it): then nothing is added and the answer is false.
     pub fn add_if_none_removed_since(&self, image: Image, generation: u64) -> bool {
         let mut inner = self.write();
-        if image.references.iter().any(|r| {
-            inner
-                .removed_at
-                .get(r)
-                .is_some_and(|removal| removal.generation > generation)
-        }) {
+        if image
+            .references
+            .iter()
+            .any(|r| inner.removed_at.get(r).is_some_and(|at| *at > generation))
+        {
             return false;
         }
         add_to(&mut inner, image);
@@ -358,14 +392,14 @@ mod tests {
         let store = ImageStore::new();
         store.add(image("sha256:aaa", &["busybox:latest"]));
         // An event's read of containerd starts, then RemoveImage removes the name...
-        let before = store.generation();
+        let before = store.read_generation();
         store.remove_reference("busybox:latest");
         // ...and the read, made while the record still existed, lands.
-        store.add_unless_removed_since(image("sha256:aaa", &["busybox:latest"]), before);
+        store.add_unless_removed_since(image("sha256:aaa", &["busybox:latest"]), before.generation);
         assert!(store.resolve("sha256:aaa").is_none());
         // A read that starts after the removal (a new pull) counts.
-        let after = store.generation();
-        store.add_unless_removed_since(image("sha256:aaa", &["busybox:latest"]), after);
+        let after = store.read_generation();
+        store.add_unless_removed_since(image("sha256:aaa", &["busybox:latest"]), after.generation);
         assert!(store.resolve("busybox:latest").is_some());
     }
 
@@ -377,13 +411,13 @@ mod tests {
             &["busybox:latest", "busybox@sha256:ddd"],
         ));
         let found = store.resolve("busybox:latest").unwrap();
-        let before = store.generation();
+        let before = store.read_generation();
         store.remove_reference("busybox@sha256:ddd");
-        assert!(!store.add_if_none_removed_since(found.clone(), before));
+        assert!(!store.add_if_none_removed_since(found.clone(), before.generation));
         assert!(store.resolve("busybox@sha256:ddd").is_none());
         // Nothing removed since: added, every name.
-        let now = store.generation();
-        assert!(store.add_if_none_removed_since(found, now));
+        let now = store.read_generation();
+        assert!(store.add_if_none_removed_since(found, now.generation));
         assert!(store.resolve("busybox@sha256:ddd").is_some());
         assert!(store.resolve("busybox:latest").is_some());
     }
@@ -392,8 +426,9 @@ mod tests {
     async fn an_image_locked_for_its_names_waits_and_is_read_again() {
         let store = ImageStore::new();
         store.add(image("sha256:aaa", &["busybox:latest"]));
-        let held = store.lock_names("sha256:aaa").await;
-        let waiter = store.resolve_locked("busybox:latest");
+        let held = store.lock_names(["sha256:aaa".to_string()]).await;
+        let none = BTreeSet::new();
+        let waiter = store.resolve_locked("busybox:latest", &none);
         tokio::pin!(waiter);
         assert!(futures::poll!(&mut waiter).is_pending());
         // Removed by the holder: nothing is left to lock.
@@ -402,48 +437,62 @@ mod tests {
         assert!(waiter.await.is_none());
 
         store.add(image("sha256:aaa", &["busybox:latest"]));
-        let before = store.generation();
-        let locked = store.resolve_locked("busybox:latest").await.unwrap();
+        let before = store.read_generation().generation;
+        let locked = store
+            .resolve_locked("busybox:latest", &BTreeSet::new())
+            .await
+            .unwrap();
         assert_eq!(locked.image.id, "sha256:aaa");
-        assert_eq!(locked.generation, before);
+        assert_eq!(locked.read.generation, before);
+        // Another image's names are not held up.
+        drop(store.lock_names(["sha256:bbb".to_string()]).await);
     }
 
-    #[test]
-    fn removals_older_than_the_cutoff_are_forgotten() {
-        let mut removed = HashMap::new();
-        let then = std::time::Instant::now();
-        let later = then + std::time::Duration::from_secs(1);
-        removed.insert(
-            "old:v1".to_string(),
-            Removal {
-                generation: 1,
-                at: then,
-            },
-        );
-        removed.insert(
-            "new:v1".to_string(),
-            Removal {
-                generation: 2,
-                at: later,
-            },
-        );
-        forget_removals_before(&mut removed, later);
-        assert!(removed.contains_key("new:v1"));
-        assert!(!removed.contains_key("old:v1"));
-    }
-
-    #[test]
-    fn recent_removals_are_kept_however_many() {
+    #[tokio::test]
+    async fn a_tag_that_moved_while_waiting_is_not_taken_with_the_old_image() {
         let store = ImageStore::new();
-        for i in 0..3 * REMOVALS_KEPT {
-            let name = format!("r{i}:v1");
-            store.add(image(&format!("sha256:{i:04x}"), &[name.as_str()]));
-            store.remove_reference(&name);
-        }
-        // A read of containerd from before every removal brings none of the names back.
-        store.add_unless_removed_since(image("sha256:0000", &["r0:v1"]), 0);
-        assert!(store.resolve("r0:v1").is_none());
-        assert!(store.read().removed_at.len() >= 3 * REMOVALS_KEPT);
+        store.add(image("sha256:aaa", &["app:latest", "sha256:aaa"]));
+        // A pull of a newer image holds the tag while it writes it...
+        let pull = store
+            .lock_names(["app:latest".to_string(), "sha256:bbb".to_string()])
+            .await;
+        // ...when a removal of the old image by its ID comes.
+        let none = BTreeSet::new();
+        let removal = store.resolve_locked("sha256:aaa", &none);
+        tokio::pin!(removal);
+        assert!(futures::poll!(&mut removal).is_pending());
+        store.add(image("sha256:bbb", &["app:latest", "sha256:bbb"]));
+        drop(pull);
+        let locked = removal.await.unwrap();
+        assert_eq!(locked.image.id, "sha256:aaa");
+        assert_eq!(
+            locked.image.references,
+            BTreeSet::from(["sha256:aaa".to_string()])
+        );
+    }
+
+    #[test]
+    fn removals_a_read_in_progress_may_need_are_kept_and_the_rest_forgotten() {
+        let store = ImageStore::new();
+        let remove_many = |from: usize, to: usize| {
+            for i in from..to {
+                let name = format!("r{i}:v1");
+                store.add(image(&format!("sha256:{i:05x}"), &[name.as_str()]));
+                store.remove_reference(&name);
+            }
+        };
+        remove_many(0, 10);
+        let early = store.read_generation();
+        remove_many(10, 3 * REMOVALS_KEPT);
+        // The read from before most removals still sees every one after it.
+        store.add_unless_removed_since(image("sha256:0000a", &["r10:v1"]), early.generation);
+        assert!(store.resolve("r10:v1").is_none());
+        assert!(store.read().removed_at.len() >= 3 * REMOVALS_KEPT - 10);
+        drop(early);
+        // With no read in progress, the next look forgets them all.
+        remove_many(3 * REMOVALS_KEPT, 5 * REMOVALS_KEPT);
+        assert!(store.read().removed_at.len() < 3 * REMOVALS_KEPT);
+        assert!(store.read().readers.is_empty());
     }
 
     const ID_A: &str = "sha256:aaaa1111";
