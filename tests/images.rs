@@ -662,6 +662,40 @@ async fn a_removal_waits_for_a_pull_that_found_the_image_present() {
     not(feature = "failpoints"),
     ignore = "needs --features failpoints (make test has it)"
 )]
+async fn a_removal_that_waited_past_its_deadline_gives_up() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start_with_failpoints("pull_found_present=sleep(6000)").await;
+    let mut client = crius.client().await;
+    let image = format!("{registry}/{}", push_random_image(&registry).await);
+    pull(&mut client, &image).await.unwrap();
+    let pulling = {
+        let (mut client, image) = (client.clone(), image.clone());
+        tokio::spawn(async move { pull(&mut client, &image).await })
+    };
+    wait_for_failpoint(&crius, "pull_found_present").await;
+
+    let mut request = tonic::Request::new(RemoveImageRequest {
+        image: spec(&image),
+    });
+    request.set_timeout(Duration::from_secs(1));
+    let err = client
+        .image
+        .remove_image(request)
+        .await
+        .expect_err("the pull holds the image");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    pulling.await.unwrap().unwrap();
+    // The removal the client gave up on did not go on once the pull was done.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(status(&mut client, &image).await.is_some());
+    assert!(store_agrees_with_containerd(&crius, &mut client, &image).await);
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
 async fn a_pull_that_found_the_image_present_while_ctr_removed_it_pulls_it_again() {
     let registry = Testbed::from_env().registry;
     let crius = Crius::start_with_failpoints("pull_found_present=sleep(10000)").await;

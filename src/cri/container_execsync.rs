@@ -98,6 +98,12 @@ impl CriService {
     /// was paused, frozen by a stop in progress, or removed) under it, the command cannot
     /// run in it, or a server error.
     async fn exec_failure(&self, id: &str, cmd: &[String], error: String) -> Status {
+        if super::runtime_errors::killed_while_starting(&error) {
+            return Status::failed_precondition(format!(
+                "the exec in container {id} was killed as it started (the container is \
+                 stopping, or out of memory): {error}"
+            ));
+        }
         if super::runtime_errors::frozen(&error) || !self.task_runs(id).await {
             return Status::failed_precondition(format!("container {id} is not running: {error}"));
         }

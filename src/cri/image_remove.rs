@@ -16,7 +16,19 @@ impl CriService {
             return Err(Status::invalid_argument("image to remove is required"));
         }
         // Held to the last delete: a pull of the image records its names before or after.
-        let Some(locked) = self.images.resolve_locked(&text, &Default::default()).await else {
+        // Waiting for it ends with the client's deadline, so retries do not pile up behind
+        // a change of the image that hangs.
+        let none = Default::default();
+        let locking = self.images.resolve_locked(&text, &none);
+        let locked = match crate::server::deadline::current() {
+            Some(at) => tokio::time::timeout_at(at, locking).await.map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "image {text}: another change of it is still in progress"
+                ))
+            })?,
+            None => locking.await,
+        };
+        let Some(locked) = locked else {
             return Ok(RemoveImageResponse {});
         };
         let image = &locked.image;

@@ -34,6 +34,13 @@ pub(crate) fn frozen(message: &str) -> bool {
     message.contains("cannot exec in a paused container")
 }
 
+/// Whether the runtime's exec process was killed with SIGKILL as it started (runc exits
+/// with 137): a stop killing every process of the container got to it first, or the
+/// container's memory limit did. Either is the container's state, not a server fault.
+pub(crate) fn killed_while_starting(message: &str) -> bool {
+    message.contains("exec failed: exit status 137")
+}
+
 /// The code for the runtime's failure to start a container: a command its image cannot
 /// run, or a namespace it joins that is gone (its PID namespace target, or its pod's pause
 /// process, exited since it was created), is the container's state, not a server fault.
@@ -77,6 +84,17 @@ impl CriService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exec_killed_as_it_started_is_told_apart() {
+        assert!(killed_while_starting(
+            "starting exec in container abc: containerd start task: code: 'Unknown error', message: \"runc exec failed: exit status 137: unknown\""
+        ));
+        assert!(!killed_while_starting(
+            "runc exec failed: exit status 1: unknown"
+        ));
+        assert!(!killed_while_starting("exec exited with status 137"));
+    }
 
     #[test]
     fn a_refused_sysctl_or_hostname_is_the_pods_fault() {
