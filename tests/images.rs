@@ -628,24 +628,49 @@ async fn store_agrees_with_containerd(crius: &Crius, client: &mut CriClient, ima
     status(client, image).await.is_some() == listed
 }
 
+/// A crius whose pulls that find their image present wait `wait_ms` before they record it,
+/// an image pulled once, and a second pull of it waiting there.
+struct HeldPull {
+    crius: Crius,
+    client: CriClient,
+    image: String,
+    id: String,
+    pulling: tokio::task::JoinHandle<Result<String, tonic::Status>>,
+}
+
+async fn pull_held_while_present(wait_ms: u64) -> HeldPull {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start_with_failpoints(&format!("pull_found_present=sleep({wait_ms})")).await;
+    let mut client = crius.client().await;
+    let image = format!("{registry}/{}", push_random_image(&registry).await);
+    let id = pull(&mut client, &image).await.unwrap();
+    let pulling = {
+        let (mut client, image) = (client.clone(), image.clone());
+        tokio::spawn(async move { pull(&mut client, &image).await })
+    };
+    wait_for_failpoint(&crius, "pull_found_present").await;
+    HeldPull {
+        crius,
+        client,
+        image,
+        id,
+        pulling,
+    }
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(feature = "failpoints"),
     ignore = "needs --features failpoints (make test has it)"
 )]
 async fn a_removal_waits_for_a_pull_that_found_the_image_present() {
-    let registry = Testbed::from_env().registry;
-    // A pull that finds the image present waits 3 s before it records it.
-    let crius = Crius::start_with_failpoints("pull_found_present=sleep(3000)").await;
-    let mut client = crius.client().await;
-    let image = format!("{registry}/{}", push_random_image(&registry).await);
-    pull(&mut client, &image).await.unwrap();
-
-    let pulling = {
-        let (mut client, image) = (client.clone(), image.clone());
-        tokio::spawn(async move { pull(&mut client, &image).await })
-    };
-    wait_for_failpoint(&crius, "pull_found_present").await;
+    let HeldPull {
+        crius,
+        mut client,
+        image,
+        pulling,
+        ..
+    } = pull_held_while_present(3000).await;
     remove(&mut client, &image).await;
     // The removal came after the pull had recorded the image, and took all of it.
     assert!(
@@ -663,17 +688,13 @@ async fn a_removal_waits_for_a_pull_that_found_the_image_present() {
     ignore = "needs --features failpoints (make test has it)"
 )]
 async fn a_removal_that_waited_past_its_deadline_gives_up() {
-    let registry = Testbed::from_env().registry;
-    let crius = Crius::start_with_failpoints("pull_found_present=sleep(6000)").await;
-    let mut client = crius.client().await;
-    let image = format!("{registry}/{}", push_random_image(&registry).await);
-    pull(&mut client, &image).await.unwrap();
-    let pulling = {
-        let (mut client, image) = (client.clone(), image.clone());
-        tokio::spawn(async move { pull(&mut client, &image).await })
-    };
-    wait_for_failpoint(&crius, "pull_found_present").await;
-
+    let HeldPull {
+        crius,
+        mut client,
+        image,
+        pulling,
+        ..
+    } = pull_held_while_present(6000).await;
     let mut request = tonic::Request::new(RemoveImageRequest {
         image: spec(&image),
     });
@@ -697,17 +718,13 @@ async fn a_removal_that_waited_past_its_deadline_gives_up() {
     ignore = "needs --features failpoints (make test has it)"
 )]
 async fn a_pull_that_found_the_image_present_while_ctr_removed_it_pulls_it_again() {
-    let registry = Testbed::from_env().registry;
-    let crius = Crius::start_with_failpoints("pull_found_present=sleep(10000)").await;
-    let mut client = crius.client().await;
-    let image = format!("{registry}/{}", push_random_image(&registry).await);
-    let id = pull(&mut client, &image).await.unwrap();
-
-    let pulling = {
-        let (mut client, image) = (client.clone(), image.clone());
-        tokio::spawn(async move { pull(&mut client, &image).await })
-    };
-    wait_for_failpoint(&crius, "pull_found_present").await;
+    let HeldPull {
+        crius,
+        mut client,
+        image,
+        id,
+        pulling,
+    } = pull_held_while_present(10000).await;
     // Another client deletes the tag while the pull waits (its digest and ID names keep
     // the content): the pull must write it again.
     crius.ctr(&["images", "rm", &image]);
