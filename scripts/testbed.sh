@@ -44,6 +44,15 @@ PACKAGES=(
 
 log() { printf '[testbed] %s\n' "$*" >&2; }
 
+# What the tests make on the host, by name: the bridges of their networks (crius's
+# `criust<tag>`, containerd's CRI's `cricd<tag>0`, the CNI client's `cricni<tag>`, the
+# interfaces that hold a subnet in a test's way `criushold<tag>`, the benchmark's
+# `cribench0`), the CNI network names in their iptables rules' comments, and the
+# directories of the crius processes they start.
+TEST_BRIDGES_RE='^(criust[0-9]+|cricd[0-9]+0|cricni[0-9]+|criushold[0-9]+|cribench0)$'
+TEST_NETWORKS_RE='(crius-test-[0-9]+|cricd[0-9]+|cni-test-[0-9]+|cri-bench)'
+TEST_DIRS=${TMPDIR:-/tmp}/crius-
+
 deps() {
   local missing=() p
   for p in "${PACKAGES[@]}"; do
@@ -123,6 +132,137 @@ SOURCES
   log "unpacked $("$CTRD2_BIN/containerd" --version)"
 }
 
+# The test bridges on the host.
+test_bridges() {
+  ip -o link show type bridge 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print $2}' |
+    grep -E "$TEST_BRIDGES_RE" || true
+}
+
+# iptables rules of the test networks (CNI plugins name the network in each rule's comment).
+# $1: table.
+test_iptables_rules() {
+  iptables-save -t "$1" 2>/dev/null | grep -E '^-A .*name: \\"'"$TEST_NETWORKS_RE" || true
+}
+
+# Deletes the test networks' rules and the per-pod CNI- chains they jump to (never portmap's
+# shared CNI-HOSTPORT- chains), in one iptables-restore per table.
+clear_test_iptables() {
+  local table rules chains
+  for table in nat filter; do
+    rules=$(test_iptables_rules "$table")
+    [ -n "$rules" ] || continue
+    chains=$(printf '%s\n' "$rules" | awk '{for (i = 1; i < NF; i++) if ($i == "-j" &&
+      $(i + 1) ~ /^CNI-/ && $(i + 1) !~ /^CNI-HOSTPORT-/) print $(i + 1)}' | sort -u)
+    {
+      echo "*$table"
+      printf '%s\n' "$rules" | awk -v chains=" $(echo $chains) " \
+        'index(chains, " " $2 " ") == 0 {sub(/^-A /, "-D "); print}'
+      for c in $chains; do echo "-F $c"; done
+      for c in $chains; do echo "-X $c"; done
+      echo COMMIT
+    } | iptables-restore --noflush -w || log "could not remove the test networks' $table rules"
+  done
+}
+
+# The directories of crius processes the tests started against this test bed (their config
+# names the test bed's containerds).
+test_dirs() {
+  local dir
+  for dir in "$TEST_DIRS"*/; do
+    [ -f "$dir/config.toml" ] && grep -qF "$TB/" "$dir/config.toml" && echo "${dir%/}"
+  done
+  return 0
+}
+
+# The network namespaces of the test pods in the test directories.
+test_netns() {
+  local dir note
+  for dir in $(test_dirs); do
+    for note in "$dir"/root/sandboxes/*/netns; do
+      [ -f "$note" ] && [ -e "$(cat "$note")" ] && cat "$note"
+    done
+  done
+  return 0
+}
+
+# What an earlier run of the test bed left on the host when it was killed midway, or what
+# this run's tests left: crius processes, the pods' network namespaces, mounts and
+# directories of the tests, bridges, iptables rules and pod log directories. Prints what it
+# clears, one line each; the registries, containerds and shims are `down`'s.
+clear_test_leftovers() {
+  local pids dir ns m br
+  pids=$(pgrep -f "^$ROOT/target/[a-z0-9_/-]*/crius --config $TEST_DIRS" || true)
+  for pid in $pids; do echo "crius process $pid"; kill -9 "$pid" 2>/dev/null || true; done
+  for ns in $(test_netns); do
+    echo "network namespace $ns"
+    umount -l "$ns" 2>/dev/null || true
+    rm -f "$ns"
+  done
+  for dir in $(test_dirs); do
+    for m in $(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+      echo "mount $m"
+      umount -l "$m" 2>/dev/null || true
+    done
+    echo "test directory $dir"
+    rm -rf "$dir"
+  done
+  for br in $(test_bridges); do
+    echo "bridge $br"
+    ip link del "$br" 2>/dev/null || true
+  done
+  local rules
+  rules=$( (test_iptables_rules nat; test_iptables_rules filter) | wc -l)
+  if [ "$rules" -gt 0 ]; then
+    echo "$rules iptables rules of test networks"
+    clear_test_iptables
+  fi
+  rm -rf "${TMPDIR:-/tmp}/crius-test-logs"
+}
+
+# Before anything starts: clear what an earlier run left, and say what on the host that is
+# not the test bed's is in its way.
+preflight() {
+  local left
+  left=$(clear_test_leftovers)
+  [ -z "$left" ] || log "cleared what an earlier run left: $(echo "$left" | paste -sd, - | sed 's/,/, /g')"
+  local addr port owner
+  for addr in "$REGISTRY_ADDR" "$AUTH_REGISTRY_ADDR"; do
+    port=${addr##*:}
+    owner=$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'users:(([^)]*' | head -n 1 || true)
+    if [ -n "$owner" ]; then
+      log "port $port (for the test registry $addr) is taken: ${owner#users:((}"
+      log "stop that program, or run with CRIUS_TEST_REGISTRY / CRIUS_TEST_AUTH_REGISTRY set to free loopback addresses"
+      exit 1
+    fi
+  done
+  # A containerd or CNI configuration of the host's own is left alone: the test bed runs its
+  # own containerds on their own sockets, and every test its own CNI conf dir.
+}
+
+# The pod network namespaces on the host (crius and containerd's CRI pin them alike).
+pod_netns() {
+  ls /var/run/netns 2>/dev/null | grep '^cni-' || true
+}
+
+# After the tests: anything of theirs still on the host is a leak. It is cleared, and fails
+# the run. $1: the pod network namespaces there were before the tests.
+leak_check() {
+  local left ns
+  left=$(clear_test_leftovers)
+  for ns in $(comm -13 <(echo "$1" | sort) <(pod_netns | sort)); do
+    left+=$'\n'"network namespace /var/run/netns/$ns"
+    umount -l "/var/run/netns/$ns" 2>/dev/null || true
+    rm -f "/var/run/netns/$ns"
+  done
+  left=$(echo "$left" | sed '/^$/d')
+  if [ -n "$left" ]; then
+    log "the tests left on the host (now cleared):"
+    echo "$left" | sed 's/^/  /' >&2
+    return 1
+  fi
+  log "the tests left nothing on the host"
+}
+
 # $1: its directory, $2: the directory of its binaries (empty: the installed ones).
 containerd_up() {
   local dir=$1 bin=${2:-} sock=$1/containerd.sock path=$SHIM_DIR:$PATH
@@ -169,11 +309,13 @@ push_busybox_image() {
   done
   cat >"$rootfs/etc/passwd" <<PASSWD
 root:x:0:0:root:/root:/bin/sh
+daemon:x:1:1:daemon:/usr/sbin:/bin/false
 user:x:1000:1000:user:/home/user:/bin/sh
 nobody:x:65534:65534:nobody:/nonexistent:/bin/false
 PASSWD
   cat >"$rootfs/etc/group" <<GROUP
 root:x:0:
+daemon:x:1:
 wheel:x:10:root
 users:x:100:user
 user:x:1000:
@@ -340,7 +482,7 @@ cri_containerd_up() {
 {"cniVersion": "1.0.0", "name": "cri-bench",
  "plugins": [{"type": "bridge", "bridge": "cribench0", "isGateway": true, "ipMasq": true,
               "ipam": {"type": "host-local", "dataDir": "$dir/ipam",
-                       "ranges": [[{"subnet": "10.151.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+                       "ranges": [[{"subnet": "198.19.251.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
              {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
   cat >"$dir/certs.d/$REGISTRY_ADDR/hosts.toml" <<TOML
@@ -520,11 +662,14 @@ run_tests() {
   cargo test --lib --bins
   cargo test -p crius-shim
   down
+  preflight
   trap down EXIT
   up
-  local failed=()
+  local failed=() netns_before
+  netns_before=$(pod_netns)
   test_against 1 || failed+=("containerd 1.6")
   test_against 2 || failed+=("containerd 2.x")
+  leak_check "$netns_before" || failed+=("the leak check")
   if ((${#failed[@]})); then
     log "integration tests failed against: ${failed[*]}"
     return 1
@@ -542,6 +687,7 @@ run_benches() {
   target="--target $(rustc -vV | sed -n 's/^host: //p')"
   export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
   down
+  preflight
   trap down EXIT
   up
   push_big_image
@@ -568,7 +714,7 @@ run_benches() {
 
 case "${1:-}" in
   deps) deps ;;
-  up) up ;;
+  up) down; preflight; up ;;
   down) down ;;
   env) print_env "${2:-1}" ;;
   test) run_tests ;;

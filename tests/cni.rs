@@ -1,11 +1,14 @@
 //! crius's CNI client on its own, with Debian's real plugins: ADD/CHECK/DEL with the
 //! libcni cache, spec versions 0.3.1/0.4.0/1.0.0, VERSION, plugin errors and timeouts.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::host_net;
 use crius::cni::NetworkConfigs;
 use crius::cni::network::{CniError, CniNetwork, PodRef};
 use crius::cni::result::CniResult;
@@ -18,6 +21,10 @@ struct Setup {
     root: PathBuf,
     network: CniNetwork,
     bridge: String,
+    /// The network's name.
+    name: String,
+    /// What the addresses of the network start with.
+    prefix: String,
 }
 
 impl Drop for Setup {
@@ -26,6 +33,7 @@ impl Drop for Setup {
             .args(["link", "del", &self.bridge])
             .stderr(std::process::Stdio::null())
             .status();
+        host_net::remove_cni_rules(&self.name);
     }
 }
 
@@ -37,15 +45,17 @@ fn setup(version: &str, tag: u8, first_bin: Option<PathBuf>) -> Setup {
     let conf_dir = root.join("net.d");
     std::fs::create_dir_all(&conf_dir).unwrap();
     let bridge = format!("cricni{tag}");
+    let subnet = host_net::free_subnet(tag, &bridge);
+    let name = format!("cni-test-{tag}");
     std::fs::write(
         conf_dir.join("10-net.conflist"),
         json!({
             "cniVersion": version,
-            "name": format!("cni-test-{tag}"),
+            "name": name,
             "plugins": [
                 {"type": "bridge", "bridge": bridge, "isGateway": true,
                  "ipam": {"type": "host-local", "dataDir": root.join("ipam"),
-                          "ranges": [[{"subnet": format!("10.{tag}.0.0/24")}]]}},
+                          "ranges": [[{"subnet": subnet.cidr()}]]}},
                 {"type": "portmap", "capabilities": {"portMappings": true}}
             ]
         })
@@ -68,6 +78,8 @@ fn setup(version: &str, tag: u8, first_bin: Option<PathBuf>) -> Setup {
         root,
         network,
         bridge,
+        name,
+        prefix: subnet.text_prefix(),
     }
 }
 
@@ -96,7 +108,7 @@ async fn add_check_del(version: &str, tag: u8) {
         .unwrap()
         .pod_ips("eth0");
     assert_eq!(ips.len(), 1, "{:?}", attached[0].result);
-    assert!(ips[0].starts_with(&format!("10.{tag}.0.")), "{ips:?}");
+    assert!(ips[0].starts_with(&s.prefix), "{ips:?}");
 
     // The cache is libcni's: readable, and it names the network, ifname and result.
     let cache_file = s
@@ -117,7 +129,7 @@ async fn add_check_del(version: &str, tag: u8) {
     let reserved = std::fs::read_dir(s.root.join("ipam").join(format!("cni-test-{tag}")))
         .map(|d| {
             d.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().starts_with("10."))
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&s.prefix))
                 .count()
         })
         .unwrap_or(0);
@@ -147,7 +159,7 @@ async fn add_del_with_spec_0_3_1() {
     let ips = CniResult::parse(&attached[0].result.value())
         .unwrap()
         .pod_ips("eth0");
-    assert!(ips[0].starts_with("10.203.0."), "{ips:?}");
+    assert!(ips[0].starts_with(&s.prefix), "{ips:?}");
     s.network.teardown(&pod).await.expect("DEL");
     crius::netns::remove(Path::new(&pod.netns)).await.unwrap();
 }

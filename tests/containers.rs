@@ -8,14 +8,14 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::pod::{Pod, container, host_network_pod_config, image, pod, pod_on};
+use common::pod::{Pod, container, host_network_pod_config, image, pod, pod_on, pull};
 use common::{Crius, eventually, pod_config};
 use crius::api::v1::{
     ContainerFilter, ContainerState, ContainerStateValue, ContainerStatusRequest, Int64Value,
     LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest, Mount,
     NamespaceMode, NamespaceOption, RemovePodSandboxRequest, ReopenContainerLogRequest,
-    RunPodSandboxRequest,
+    RunPodSandboxRequest, SupplementalGroupsPolicy,
 };
 
 async fn log_contains(path: &Path, needle: &str) -> bool {
@@ -274,6 +274,76 @@ async fn users_from_the_image_and_the_security_context() {
     let err = pod.create(unknown).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("ghost"), "{}", err.message());
+    pod.remove_pod().await;
+}
+
+/// containerd's TestAdditionalGids cases (its fix for CVE-2023-25173: the primary group is a
+/// supplementary group too, so a process cannot shed it to get past a file denied to it),
+/// and the Strict policy.
+#[tokio::test]
+async fn the_primary_group_is_a_supplementary_group_as_under_containerd() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "gids").await;
+    let context = |user: Option<i64>, group: Option<i64>, name: &str, groups: &[i64]| {
+        LinuxContainerSecurityContext {
+            run_as_user: user.map(|value| Int64Value { value }),
+            run_as_group: group.map(|value| Int64Value { value }),
+            run_as_username: name.into(),
+            supplemental_groups: groups.to_vec(),
+            ..Default::default()
+        }
+    };
+    let strict = |mut c: LinuxContainerSecurityContext| {
+        c.supplemental_groups_policy = SupplementalGroupsPolicy::Strict as i32;
+        c
+    };
+    let cases = [
+        (context(None, None, "", &[]), "groups=0(root),10(wheel)"),
+        (
+            context(None, None, "", &[1, 1234]),
+            "groups=0(root),1(daemon),10(wheel),1234",
+        ),
+        (context(Some(1234), None, "", &[]), "groups=0(root)"),
+        (context(Some(1234), Some(1234), "", &[]), "groups=1234"),
+        (
+            context(Some(1234), None, "", &[1234]),
+            "groups=0(root),1234",
+        ),
+        (context(None, None, "daemon", &[]), "groups=1(daemon)"),
+        (
+            context(None, None, "daemon", &[1234]),
+            "groups=1(daemon),1234",
+        ),
+        (
+            strict(context(Some(1000), Some(2000), "", &[3333])),
+            "groups=2000,3333",
+        ),
+        (strict(context(None, None, "", &[])), "gid=0(root)\n"),
+    ];
+    for (i, (security, expected)) in cases.into_iter().enumerate() {
+        let name = format!("case-{i}");
+        let mut config = container(&name, "busybox:latest", &["id"]);
+        config.linux = Some(LinuxContainerConfig {
+            security_context: Some(security.clone()),
+            ..Default::default()
+        });
+        let id = pod.run(config).await;
+        pod.wait_exited(&id).await;
+        let log = std::fs::read_to_string(pod.log_path(&name)).unwrap();
+        let printed = log.split(" stdout F ").nth(1).unwrap_or_default();
+        assert!(
+            printed.contains(&format!("{expected}\n")) || printed.ends_with(expected),
+            "{security:?}: `id` printed {printed:?}, containerd's CRI prints {expected:?}"
+        );
+    }
+    // A user from the image (busybox-user:1000 runs as 1000) is in its primary group too.
+    pull(&mut pod.client, "busybox-user:1000").await;
+    let id = pod
+        .run(container("image-user", "busybox-user:1000", &["id"]))
+        .await;
+    pod.wait_exited(&id).await;
+    let log = std::fs::read_to_string(pod.log_path("image-user")).unwrap();
+    assert!(log.contains("groups=100(users),1000(user)\n"), "{log}");
     pod.remove_pod().await;
 }
 

@@ -45,6 +45,23 @@ async fn wait_network(client: &CriClient, want: bool) -> bool {
     .await
 }
 
+/// A log going to a file (as `make run > file`, a pipe or the journal) is plain text: no
+/// ANSI escape in any line, whatever the terminal crius was started from.
+#[tokio::test]
+async fn a_log_that_is_not_a_terminal_has_no_colour_codes() {
+    let crius = Crius::start().await;
+    crius
+        .client()
+        .await
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("version");
+    let log = crius.log();
+    assert!(log.contains(" INFO "), "a text log: {log}");
+    assert!(!log.contains('\x1b'), "escape codes in the log: {log:?}");
+}
+
 #[tokio::test]
 async fn version_answers_over_grpc_v1_v1alpha2_and_ttrpc() {
     let crius = Crius::start().await;

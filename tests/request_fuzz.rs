@@ -45,7 +45,7 @@ const STREAM_WAIT: Duration = Duration::from_millis(50);
 const SETTLE: Duration = Duration::from_secs(15);
 /// Open files crius may hold beyond its count before the fuzz (connections it pools).
 const FD_SLACK: usize = 8;
-/// The test's own CNI network (bridge `crius150`, 10.150.0.0/16).
+/// The test's own CNI network (bridge `criust150`).
 const NETWORK_TAG: u8 = 150;
 /// The command of the fuzzer's real containers: it ends at once on SIGTERM, so a stop with
 /// a long timeout does not wait for it.

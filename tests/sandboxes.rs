@@ -219,7 +219,7 @@ async fn a_pod_gets_an_ip_that_answers_ping_loopback_and_its_files() {
     let (status, info) = sandbox_status(&mut client, &id).await;
     assert_eq!(status.state, PodSandboxState::SandboxReady as i32);
     let ip = status.network.unwrap().ip;
-    assert!(ip.starts_with("10.88."), "{ip}");
+    assert!(ip.starts_with(&network.subnet_prefix), "{ip}");
     let (ok, out) = sh(&format!("ping -c 1 -W 2 {ip}"));
     assert!(ok, "ping {ip}: {out}");
 
@@ -688,4 +688,149 @@ async fn twenty_pods_run_and_are_removed_concurrently() {
         .into_inner()
         .items;
     assert!(left.is_empty());
+}
+
+/// The host's side of test networks: a subnet held by an interface on the host moves the
+/// test network to the next candidate, and a pod left without a CNI DEL leaves no iptables
+/// rule once its network is dropped.
+#[tokio::test]
+async fn a_test_network_moves_off_a_subnet_the_host_holds_and_leaves_no_rules() {
+    const TAG: u8 = 180;
+    let [taken, free] = common::host_net::candidates(TAG);
+    let holder = HostBridge::new("criushold180", &taken);
+
+    let mut network = None;
+    let mut crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, TAG)), &[]).await;
+    let network = network.unwrap();
+    assert_eq!(
+        network.subnet, free,
+        "{:?} is held by {}",
+        taken, holder.name
+    );
+    let mut client = crius.client().await;
+    let id = run(&mut client, pod_config("moved"))
+        .await
+        .expect("run pod");
+    let (status, _) = sandbox_status(&mut client, &id).await;
+    let ip = status.network.unwrap().ip;
+    assert!(ip.starts_with(&free.text_prefix()), "{ip}");
+    let (ok, out) = sh(&format!("ping -c 1 -W 2 {ip}"));
+    assert!(ok, "ping {ip}: {out}");
+
+    // As a crash would: the pod is never torn down through CNI.
+    crius.kill().await;
+    let marker = format!("name: \\\"{}\\\"", network.name);
+    let (_, rules) = sh("iptables-save -t nat");
+    assert!(
+        rules.contains(&marker),
+        "the bridge plugin's masquerade rules: {rules}"
+    );
+    drop(network);
+    let (_, rules) = sh("iptables-save -t nat; iptables-save -t filter");
+    assert!(!rules.contains(&marker), "rules left: {rules}");
+}
+
+#[test]
+fn a_test_subnet_skips_host_routes_and_names_them_when_none_is_free() {
+    use common::host_net::{HostRoute, Subnet, candidates, pick_subnet};
+    let route = |cidr: &str, device: &str| {
+        let (address, len) = cidr.split_once('/').unwrap();
+        HostRoute {
+            destination: Subnet {
+                network: address.parse().unwrap(),
+                prefix_len: len.parse().unwrap(),
+            },
+            description: format!("route {cidr} dev {device}"),
+            device: Some(device.to_string()),
+        }
+    };
+    let [first, second] = candidates(88);
+    // `make run`'s bridge, a cluster's pod CIDR and a VPN's 10/8 are not in the way.
+    let elsewhere = [
+        route("10.88.0.0/16", "crius0"),
+        route("10.244.0.0/16", "flannel.1"),
+        route("10.0.0.0/8", "tun0"),
+    ];
+    assert_eq!(pick_subnet(88, "criust88", &elsewhere), Ok(first.clone()));
+    // A route over the first candidate moves the network to the second.
+    let wide = route("198.18.0.0/16", "vpn0");
+    assert_eq!(
+        pick_subnet(88, "criust88", std::slice::from_ref(&wide)),
+        Ok(second)
+    );
+    // The test's own bridge, left by an earlier run, is not in its way.
+    let own = route("198.18.88.0/24", "criust88");
+    assert_eq!(pick_subnet(88, "criust88", &[own]), Ok(first));
+    // Both taken: the message names each route and its interface.
+    let message = pick_subnet(88, "criust88", &[wide, route("198.19.88.128/25", "eth9")])
+        .expect_err("no candidate is free");
+    assert!(
+        message.contains("route 198.18.0.0/16 dev vpn0"),
+        "{message}"
+    );
+    assert!(
+        message.contains("route 198.19.88.128/25 dev eth9"),
+        "{message}"
+    );
+}
+
+#[test]
+fn cni_rules_of_one_network_are_removed_and_shared_chains_kept() {
+    let saved = r#"*nat
+:POSTROUTING ACCEPT [0:0]
+:CNI-HOSTPORT-DNAT - [0:0]
+:CNI-0123 - [0:0]
+:CNI-DN-0123 - [0:0]
+:CNI-4567 - [0:0]
+-A POSTROUTING -s 198.18.9.2/32 -m comment --comment "name: \"crius-test-9\" id: \"abc\"" -j CNI-0123
+-A POSTROUTING -s 198.18.10.2/32 -m comment --comment "name: \"crius-test-10\" id: \"def\"" -j CNI-4567
+-A CNI-0123 -d 198.18.9.0/24 -m comment --comment "name: \"crius-test-9\" id: \"abc\"" -j ACCEPT
+-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"crius-test-9\" id: \"abc\"" -j CNI-DN-0123
+-A CNI-DN-0123 -p tcp -m comment --comment "dnat name: \"crius-test-9\" id: \"abc\"" -j CNI-HOSTPORT-SETMARK
+COMMIT
+"#;
+    let commands = common::host_net::removal_commands(saved, "crius-test-9");
+    assert_eq!(
+        commands,
+        [
+            "-D POSTROUTING -s 198.18.9.2/32 -m comment --comment \"name: \\\"crius-test-9\\\" id: \\\"abc\\\"\" -j CNI-0123\n",
+            "-D CNI-HOSTPORT-DNAT -p tcp -m comment --comment \"dnat name: \\\"crius-test-9\\\" id: \\\"abc\\\"\" -j CNI-DN-0123\n",
+            "-F CNI-0123\n",
+            "-F CNI-DN-0123\n",
+            "-X CNI-0123\n",
+            "-X CNI-DN-0123\n",
+        ]
+    );
+}
+
+/// A bridge holding the first address of `subnet`, deleted on drop.
+struct HostBridge {
+    name: String,
+}
+
+impl HostBridge {
+    fn new(name: &str, subnet: &common::host_net::Subnet) -> Self {
+        let _ = Command::new("ip").args(["link", "del", name]).output();
+        let [a, b, c, _] = subnet.network.octets();
+        let address = format!("{a}.{b}.{c}.1/{}", subnet.prefix_len);
+        for args in [
+            vec!["link", "add", name, "type", "bridge"],
+            vec!["addr", "add", &address, "dev", name],
+            vec!["link", "set", name, "up"],
+        ] {
+            let status = Command::new("ip").args(&args).status().expect("run ip");
+            assert!(status.success(), "ip {args:?}");
+        }
+        Self {
+            name: name.to_string(),
+        }
+    }
+}
+
+impl Drop for HostBridge {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.name])
+            .status();
+    }
 }

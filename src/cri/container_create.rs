@@ -635,19 +635,13 @@ fn effective_stop_signal(config: &crate::api::v1::ContainerConfig, image_signal:
     }
 }
 
-/// `ContainerStatus.user`: the process's uid and gid, and every group it is in (its primary
-/// group too, as `id -G` lists them).
+/// `ContainerStatus.user`: the process's uid and gid, and its supplementary groups as the
+/// spec has them (the primary group among them, as containerd puts it there).
 fn status_user(user: &crate::oci::user::ResolvedUser) -> crate::api::v1::LinuxContainerUser {
-    let mut groups = vec![i64::from(user.gid)];
-    for &gid in &user.additional_gids {
-        if !groups.contains(&i64::from(gid)) {
-            groups.push(gid.into());
-        }
-    }
     crate::api::v1::LinuxContainerUser {
         uid: user.uid.into(),
         gid: user.gid.into(),
-        supplemental_groups: groups,
+        supplemental_groups: user.additional_gids.iter().map(|&g| g.into()).collect(),
     }
 }
 

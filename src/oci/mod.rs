@@ -249,11 +249,11 @@ fn sandbox_process(
         security.run_as_user.as_ref().map(|v| v.value),
         security.run_as_group.as_ref().map(|v| v.value),
     )?;
-    let additional_gids: Vec<u32> = security
-        .supplemental_groups
-        .iter()
-        .filter_map(|g| u32::try_from(*g).ok())
-        .collect();
+    let additional_gids = sandbox_gids(
+        gid,
+        security.run_as_user.is_some(),
+        &security.supplemental_groups,
+    );
     let cwd = if input.image.working_dir.is_empty() {
         "/".to_string()
     } else {
@@ -323,6 +323,21 @@ fn sandbox_resources() -> Result<oci_spec::runtime::LinuxResources, SpecError> {
                 .build()?,
         )
         .build()?)
+}
+
+/// The pause process's supplementary groups as containerd makes them: the pod's groups
+/// (ascending, each once), and the primary group in front when the pod names a user.
+fn sandbox_gids(gid: u32, user_named: bool, supplemental: &[i64]) -> Vec<u32> {
+    let mut gids: Vec<u32> = supplemental
+        .iter()
+        .filter_map(|g| u32::try_from(*g).ok())
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
+        .collect();
+    if user_named && !gids.contains(&gid) {
+        gids.insert(0, gid);
+    }
+    gids
 }
 
 /// The uid and gid a process runs as; a group without a user is an error, as in the CRI.
@@ -395,6 +410,15 @@ fn glob_match(pattern: &str, text: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_pause_process_has_its_primary_group_only_when_the_pod_names_a_user() {
+        assert_eq!(sandbox_gids(0, false, &[7, 5, 7]), [5, 7]);
+        assert_eq!(sandbox_gids(3, true, &[7, 5]), [3, 5, 7]);
+        assert_eq!(sandbox_gids(5, true, &[7, 5]), [5, 7]);
+        assert_eq!(sandbox_gids(9, true, &[7, 5]), [9, 5, 7]);
+        assert!(sandbox_gids(0, false, &[-1]).is_empty());
+    }
+
     use super::*;
 
     #[test]
@@ -544,9 +568,10 @@ mod tests {
         let json = serde_json::to_value(&spec).unwrap();
         assert_eq!(json["process"]["args"], serde_json::json!(["/pause"]));
         assert_eq!(json["process"]["user"]["uid"], 65535);
+        // The pod names a user: its primary group (0) is a supplementary group too.
         assert_eq!(
             json["process"]["user"]["additionalGids"],
-            serde_json::json!([5])
+            serde_json::json!([0, 5])
         );
         assert_eq!(json["process"]["oomScoreAdj"], -998);
         assert_eq!(json["hostname"], "web-host");

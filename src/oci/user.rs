@@ -104,29 +104,31 @@ pub fn resolve(
     resolve_with_policy(user, files, supplemental, true)
 }
 
-/// Supplementary groups in the order found, each once, at most [`MAX_GROUPS`].
+/// Supplementary groups, each once and in ascending order (as containerd merges them), at
+/// most [`MAX_GROUPS`].
 #[derive(Default)]
-struct Gids {
-    list: Vec<u32>,
-    seen: std::collections::HashSet<u32>,
-}
+struct Gids(std::collections::BTreeSet<u32>);
 
 impl Gids {
     fn add(&mut self, gid: u32) -> Result<(), SpecError> {
-        if self.seen.insert(gid) {
-            if self.list.len() == MAX_GROUPS {
-                return Err(SpecError::Invalid(format!(
-                    "the process would be in more than {MAX_GROUPS} supplementary groups"
-                )));
-            }
-            self.list.push(gid);
+        if !self.0.contains(&gid) && self.0.len() == MAX_GROUPS {
+            return Err(SpecError::Invalid(format!(
+                "the process would be in more than {MAX_GROUPS} supplementary groups"
+            )));
         }
+        self.0.insert(gid);
         Ok(())
     }
 }
 
 /// As [`resolve`]; with `merge_image_groups` false (the Strict supplemental groups
 /// policy) the image's `/etc/group` memberships are not added.
+///
+/// The primary group is a supplementary group too, as containerd makes it since its fix for
+/// CVE-2023-25173: otherwise a process could drop its primary group (setgroups is not
+/// needed to keep supplementary groups) and get past a file denied to that group. Under the
+/// Strict policy containerd adds it only when a user is named (`user` not empty), and so does
+/// crius.
 pub fn resolve_with_policy(
     user: &str,
     files: &AccountFiles,
@@ -170,6 +172,9 @@ pub fn resolve_with_policy(
         },
     };
     let mut additional_gids = Gids::default();
+    if merge_image_groups || !user.is_empty() {
+        additional_gids.add(gid)?;
+    }
     if let Some(name) = name.filter(|_| merge_image_groups) {
         for group in groups
             .iter()
@@ -183,7 +188,7 @@ pub fn resolve_with_policy(
             .map_err(|_| SpecError::Invalid(format!("supplemental group {g} is out of range")))?;
         additional_gids.add(g)?;
     }
-    let additional_gids = additional_gids.list;
+    let additional_gids = additional_gids.0.into_iter().collect();
     Ok(ResolvedUser {
         uid,
         gid,
@@ -209,44 +214,84 @@ mod tests {
                 .map(|gid| format!("g{gid}:x:{}:other,user\n", gid + 2000))
                 .collect()
         };
+        // The primary group (1000) is one of them.
         let mut f = files();
+        f.group = group_file(MAX_GROUPS as u32 - 1);
+        let user = resolve("user", &f, &[2000, 1000]).unwrap();
+        assert_eq!(
+            user.additional_gids.len(),
+            MAX_GROUPS,
+            "2000 and 1000 are there once"
+        );
+        assert_eq!(user.additional_gids[..3], [1000, 2000, 2001]);
         f.group = group_file(MAX_GROUPS as u32);
-        let user = resolve("user", &f, &[2000]).unwrap();
-        assert_eq!(user.additional_gids.len(), MAX_GROUPS, "2000 is there once");
-        assert_eq!(user.additional_gids[..2], [2000, 2001]);
-        f.group = group_file(MAX_GROUPS as u32 + 1);
         let err = resolve("user", &f, &[]).expect_err("too many groups");
         assert!(err.to_string().contains("65536"), "{err}");
         // Supplemental groups from the pod count too.
-        f.group = group_file(MAX_GROUPS as u32);
+        f.group = group_file(MAX_GROUPS as u32 - 1);
         assert!(resolve("user", &f, &[1]).is_err());
     }
 
     #[test]
     fn names_and_numbers_resolve_like_containerd() {
         let f = files();
-        assert_eq!(resolve("", &f, &[]).unwrap(), ResolvedUser::default());
+        // Root, from no user at all: root's own group and the groups listing root.
+        let root = resolve("", &f, &[]).unwrap();
+        assert_eq!((root.uid, root.gid, root.additional_gids), (0, 0, vec![0]));
         let user = resolve("user", &f, &[]).unwrap();
         assert_eq!((user.uid, user.gid), (1000, 1000));
-        assert_eq!(user.additional_gids, vec![100, 10]);
+        assert_eq!(user.additional_gids, vec![10, 100, 1000]);
         assert_eq!(resolve("1000", &f, &[]).unwrap().gid, 1000);
-        // A uid the image does not know runs with gid 0.
+        // A uid the image does not know runs with gid 0, which it keeps as a group.
         assert_eq!(
             resolve("4242", &f, &[]).unwrap(),
             ResolvedUser {
                 uid: 4242,
                 gid: 0,
-                additional_gids: vec![]
+                additional_gids: vec![0]
             }
         );
         let nobody = resolve("nobody:users", &f, &[5]).unwrap();
         assert_eq!((nobody.uid, nobody.gid), (65534, 100));
-        assert_eq!(nobody.additional_gids, vec![5]);
+        assert_eq!(nobody.additional_gids, vec![5, 100]);
         assert_eq!(resolve("1000:2000", &f, &[3000]).unwrap().gid, 2000);
         assert!(resolve("ghost", &f, &[]).is_err());
         assert!(resolve("user:ghosts", &f, &[]).is_err());
-        let strict = resolve_with_policy("user", &f, &[7], false).unwrap();
-        assert_eq!(strict.additional_gids, vec![7]);
+    }
+
+    /// containerd's own cases (its TestAdditionalGids integration test and the
+    /// SupplementalGroupsPolicy unit cases of its container spec).
+    #[test]
+    fn the_primary_group_is_a_supplementary_group_as_containerd_makes_it() {
+        let mut f = files();
+        f.passwd
+            .push_str("daemon:x:1:1:daemon:/usr/sbin:/bin/false\n");
+        f.group = "root:x:0:\ndaemon:x:1:\nwheel:x:10:root\nsoftware:x:11111:user\n".into();
+        let gids = |user: &str, supplemental: &[i64], merge: bool| {
+            resolve_with_policy(user, &f, supplemental, merge)
+                .unwrap()
+                .additional_gids
+        };
+        // `docker run`, `--group-add 1 --group-add 1234`, `--user 1234`, `--user 1234:1234`,
+        // `--user 1234 --group-add 1234`, `--user daemon`, `--user daemon --group-add 1234`.
+        assert_eq!(gids("", &[], true), [0, 10]);
+        assert_eq!(gids("", &[1, 1234], true), [0, 1, 10, 1234]);
+        assert_eq!(gids("1234", &[], true), [0]);
+        assert_eq!(gids("1234:1234", &[], true), [1234]);
+        assert_eq!(gids("1234", &[1234], true), [0, 1234]);
+        assert_eq!(gids("daemon", &[], true), [1]);
+        assert_eq!(gids("daemon", &[1234], true), [1, 1234]);
+        // An image USER with a group, and a name with a group name.
+        assert_eq!(gids("user:daemon", &[], true), [1, 11111]);
+        // The Strict policy: the primary group and the pod's groups, not the image's.
+        assert_eq!(gids("1000:2000", &[3333], false), [2000, 3333]);
+        assert_eq!(gids("user", &[], false), [1000]);
+        assert_eq!(gids("user", &[7], false), [7, 1000]);
+        // ...and with no user named at all, only the pod's groups.
+        assert_eq!(gids("", &[3333], false), [3333]);
+        // Merge: the image's groups of the user as well.
+        assert_eq!(gids("1000:2000", &[3333], true), [2000, 3333, 11111]);
+        assert_eq!(gids("1000", &[], true), [1000, 11111]);
     }
 
     #[test]

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use crius::client::CriClient;
 
-use super::{Testbed, bridge_conflist, clean_up_containerd_dir, eventually, spawn_containerd};
+use super::{
+    Testbed, bridge_conflist, clean_up_containerd_dir, eventually, host_net, spawn_containerd,
+};
 
 pub const SHIM_HANDLER: &str = "crius-shim";
 pub const PROXY_HANDLER: &str = "crius-proxy";
@@ -28,7 +30,8 @@ pub struct CriContainerd {
 }
 
 impl CriContainerd {
-    /// A containerd 2.x with its CRI on a bridge `cricd<tag>` (`10.<tag>.0.0/16`).
+    /// A containerd 2.x with its CRI on a bridge `cricd<tag>0`, on a subnet no host route
+    /// overlaps.
     pub async fn start(tag: u8) -> Self {
         let testbed = Testbed::from_env();
         let dir = testbed
@@ -53,7 +56,10 @@ impl CriContainerd {
         std::fs::create_dir_all(dir.join("net.d")).expect("create net.d");
         std::fs::write(
             dir.join("net.d").join("10-test.conflist"),
-            bridge_conflist(&format!("cricd{tag}"), &format!("10.{tag}.0.0/16")),
+            bridge_conflist(
+                &format!("cricd{tag}"),
+                &host_net::free_subnet(tag, &format!("{bridge}0")).cidr(),
+            ),
         )
         .expect("write conflist");
         let address = dir.join("containerd.sock");
@@ -227,6 +233,7 @@ impl Drop for CriContainerd {
             .args(["link", "del", &format!("{}0", self.bridge)])
             .stderr(Stdio::null())
             .status();
+        host_net::remove_cni_rules(&self.bridge);
         clean_up_containerd_dir(&self.dir, &self.address);
     }
 }

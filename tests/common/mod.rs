@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod cri_containerd;
+pub mod host_net;
 pub mod pod;
 pub mod streams;
 
@@ -467,12 +468,15 @@ pub fn bridge_conflist(name: &str, subnet: &str) -> String {
     )
 }
 
-/// A CNI network for one test: a bridge `crius<tag>` on `10.<tag>.0.0/16` with host-local
-/// IPAM (its reservations in `ipam_dir`), portmap, written into a crius config's conf dir.
-/// The bridge is deleted on drop.
+/// A CNI network for one test: a bridge `criust<tag>` on a /24 of 198.18.0.0/15 that no host
+/// route overlaps ([`host_net::free_subnet`]), host-local IPAM (its reservations in
+/// `ipam_dir`) and portmap, written into a crius config's conf dir. On drop the bridge goes,
+/// with the iptables rules of pods the test left without a CNI DEL.
 pub struct TestNetwork {
     pub name: String,
     pub bridge: String,
+    pub subnet: host_net::Subnet,
+    /// The text every address of the network starts with (`198.18.<tag>.`).
     pub subnet_prefix: String,
     pub ipam_dir: PathBuf,
 }
@@ -482,10 +486,13 @@ impl TestNetwork {
     /// store into the test's directory.
     pub fn install(config: &mut Config, tag: u8) -> Self {
         let base = config.root.parent().expect("test dir").to_path_buf();
+        let bridge = format!("criust{tag}");
+        let subnet = host_net::free_subnet(tag, &bridge);
         let network = Self {
             name: format!("crius-test-{tag}"),
-            bridge: format!("crius{tag}"),
-            subnet_prefix: format!("10.{tag}."),
+            subnet_prefix: subnet.text_prefix(),
+            subnet,
+            bridge,
             ipam_dir: base.join("ipam"),
         };
         config.cni.cache_dir = base.join("cni-cache");
@@ -506,14 +513,14 @@ impl TestNetwork {
   "plugins": [
     {{"type": "bridge", "bridge": "{bridge}", "isGateway": true, "ipMasq": true,
       "ipam": {{"type": "host-local", "dataDir": "{ipam}",
-               "ranges": [[{{"subnet": "{prefix}0.0/16"}}]], "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
+               "ranges": [[{{"subnet": "{cidr}"}}]], "routes": [{{"dst": "0.0.0.0/0"}}]}}}},
     {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
   ]
 }}"#,
             name = self.name,
             bridge = self.bridge,
             ipam = self.ipam_dir.display(),
-            prefix = self.subnet_prefix,
+            cidr = self.subnet.cidr(),
         )
     }
 
@@ -537,6 +544,7 @@ impl Drop for TestNetwork {
             .args(["link", "del", &self.bridge])
             .stderr(Stdio::null())
             .status();
+        host_net::remove_cni_rules(&self.name);
     }
 }
 
