@@ -31,7 +31,10 @@ CTRD2_SOCK=$CTRD2_DIR/containerd.sock
 # containerd 2.x from Debian sid: this version if the mirror still has it, else sid's own.
 CTRD2_PIN=2.1.9+ds1-5
 DIST=$TB/dist
-CTRD2_BIN=$DIST/containerd2/usr/bin
+# The containerd 2.x binaries (containerd, ctr, containerd-shim-runc-v2): sid's package,
+# or any other 2.x build's directory (CRIUS_CONTAINERD2_BIN), such as 2.3.x built from
+# containerd's source.
+CTRD2_BIN=${CRIUS_CONTAINERD2_BIN:-$DIST/containerd2/usr/bin}
 CRI_CTRD_DIR=$TB/cri-containerd
 CRI_CTRD_SOCK=$CRI_CTRD_DIR/containerd.sock
 LAYOUT=$TB/images/oci
@@ -106,6 +109,13 @@ YAML
 # containerd 2.x: Debian sid's package, fetched through a private sources list and unpacked
 # (its runc is a separate package, so bookworm's runc stays the one on the PATH).
 fetch_containerd2() {
+  if [ -n "${CRIUS_CONTAINERD2_BIN:-}" ]; then
+    "$CTRD2_BIN/containerd" --version | grep -q ' v\?2\.' || {
+      log "CRIUS_CONTAINERD2_BIN=$CRIUS_CONTAINERD2_BIN holds no containerd 2.x"
+      return 1
+    }
+    return 0
+  fi
   [ -x "$CTRD2_BIN/containerd" ] && return 0
   local apt=$DIST/apt
   mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources" "$DIST/debs"

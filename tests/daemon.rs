@@ -265,6 +265,16 @@ async fn status_reports_runtime_ready_and_follows_the_cni_conf_dir() {
         config["containerd"]["namespace"],
         crius.config.containerd.namespace.as_str()
     );
+    // ...and the keys containerd's CRI has there, under its names.
+    let dir = |p: &std::path::Path| serde_json::Value::from(p.display().to_string());
+    assert_eq!(config["rootDir"], dir(&crius.config.root));
+    assert_eq!(config["stateDir"], dir(&crius.config.state));
+    assert_eq!(
+        config["containerdEndpoint"],
+        dir(&crius.config.containerd.address)
+    );
+    assert_eq!(config["maxContainerLogLineSize"], 16384);
+    assert_eq!(config["cni"]["confDir"], dir(crius.conf_dir()));
     let cni: serde_json::Value = serde_json::from_str(&resp.info["cniconfig"]).unwrap();
     assert_eq!(cni["networks"][0]["config"]["name"], "crius-test");
     assert_eq!(resp.info["lastCNILoadStatus"], "OK");

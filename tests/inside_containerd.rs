@@ -184,7 +184,10 @@ async fn check_pod_of_two(cricd: &CriContainerd, pod: &mut Pod) -> (String, Stri
 
     // The pod's own network: an address on eth0 from containerd's CNI.
     let addr = exec_ok(pod, &two, &["ip", "-4", "addr", "show", "eth0"]).await;
-    assert!(addr.contains("inet 10."), "{addr}");
+    assert!(
+        addr.contains(&format!("inet {}", cricd.subnet_prefix)),
+        "{addr}"
+    );
 
     // The holder is in the pod's cgroup, below the pod's cgroup parent.
     let holder = holder_pid(cricd).expect("the pod's holder");

@@ -3,6 +3,7 @@
 //! for them, reaps them, and publishes their events back to containerd. Started for a pod
 //! through containerd 2.x's sandbox API, it also holds the pod itself (no pause container).
 
+mod bootstrap;
 mod bundle;
 mod caps;
 mod container;

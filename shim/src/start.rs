@@ -7,7 +7,9 @@
 //! a task v2 shim. A pod containerd 2.x hands over through its sandbox API has a bundle
 //! without a spec: then the shim answers in the bootstrap JSON as version 3, so containerd
 //! sends the pod's containers to this shim's task v3 service instead of starting a shim
-//! per container (only containerd 2.x starts a shim without a spec).
+//! per container (only containerd 2.x starts a shim without a spec). containerd 2.3 sends
+//! its bootstrap params on stdin and gets a `BootstrapResult` back (see [`crate::bootstrap`]);
+//! older ones send the runtime options there.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -21,6 +23,7 @@ use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::shim::oci::Options;
 
+use crate::bootstrap::BootstrapParams;
 use crate::bundle::SANDBOX_ID;
 use crate::container::BundleSpec;
 
@@ -32,18 +35,23 @@ pub type ActionResult = Result<(), Box<dyn std::error::Error>>;
 pub fn run(flags: &Flags) -> ActionResult {
     let bundle = std::env::current_dir()?;
     let group = group_of(&bundle, &flags.id);
-    let address = containerd_shim::socket_address(
+    let input = read_stdin();
+    let params = BootstrapParams::parse(&input, &flags.id);
+    let mut address = containerd_shim::socket_address(
         &flags.address,
         &flags.namespace,
         &format!("{group}/crius"),
     );
+    if let Some(dir) = params.as_ref().and_then(|p| p.socket_dir.as_deref()) {
+        address = in_socket_dir(&address, dir);
+    }
     let path = address.trim_start_matches("unix://").to_string();
     if let Some(dir) = Path::new(&path).parent() {
         std::fs::create_dir_all(dir)?;
     }
     match bind(&path)? {
         Some(listener) => {
-            let options = read_options();
+            let options = runtime_options(&input, params.as_ref());
             let pid = spawn_server(flags, &bundle, &address, &listener)?;
             let shim_cgroup = options.map(|o| o.shim_cgroup).unwrap_or_default();
             containerd_shim::cgroup::set_cgroup_and_oom_score(pid, &shim_cgroup)?;
@@ -51,18 +59,40 @@ pub fn run(flags: &Flags) -> ActionResult {
         None => log::debug!("container {} joins the shim at {address}", flags.id),
     }
     write_address(&bundle, &address)?;
-    let answer = if bundle.join("config.json").exists() {
-        address
+    let version = if bundle.join("config.json").exists() {
+        2
     } else {
-        bootstrap_v3(&address)
+        3
     };
-    std::io::stdout().write_all(answer.as_bytes())?;
+    let answer = match (&params, version) {
+        (Some(_), _) => crate::bootstrap::encode_result(version, &address, "ttrpc"),
+        (None, 2) => address.into_bytes(),
+        (None, _) => bootstrap_v3(&address).into_bytes(),
+    };
+    std::io::stdout().write_all(&answer)?;
     Ok(())
 }
 
-/// containerd 2.x's bootstrap answer for a shim serving task API v3 (and the sandbox API).
+/// containerd 2.0-2.2's bootstrap answer for a shim serving task API v3 (and the sandbox
+/// API), in JSON.
 fn bootstrap_v3(address: &str) -> String {
     serde_json::json!({"version": 3, "address": address, "protocol": "ttrpc"}).to_string()
+}
+
+/// The shim's socket `address` moved into the directory containerd asked for (same name).
+fn in_socket_dir(address: &str, dir: &str) -> String {
+    let name = Path::new(address.trim_start_matches("unix://"))
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("unix://{}", Path::new(dir).join(name).display())
+}
+
+/// What containerd wrote to stdin (bounded: containerd's own shims read at most 10 MiB).
+fn read_stdin() -> Vec<u8> {
+    let mut data = Vec::new();
+    let _ = std::io::stdin().take(10 << 20).read_to_end(&mut data);
+    data
 }
 
 /// The pod a container belongs to: its sandbox id, or itself.
@@ -90,12 +120,15 @@ fn bind(path: &str) -> std::io::Result<Option<UnixListener>> {
     }
 }
 
-/// The runc options containerd writes to the shim's stdin (for its cgroup).
-fn read_options() -> Option<Options> {
-    let mut data = Vec::new();
-    std::io::stdin().take(1 << 20).read_to_end(&mut data).ok()?;
-    let any = Any::parse_from_bytes(&data).ok()?;
-    if !any.type_url.ends_with("containerd.runc.v1.Options") {
+/// The runc options (for the shim's cgroup): an extension of containerd 2.3's params, or
+/// the `Any` older containerds write to stdin.
+fn runtime_options(input: &[u8], params: Option<&BootstrapParams>) -> Option<Options> {
+    const RUNC_OPTIONS: &str = "containerd.runc.v1.Options";
+    let any = match params {
+        Some(params) => params.extension(RUNC_OPTIONS)?.clone(),
+        None => Any::parse_from_bytes(input).ok()?,
+    };
+    if !any.type_url.ends_with(RUNC_OPTIONS) {
         return None;
     }
     Options::parse_from_bytes(&any.value).ok()
@@ -161,6 +194,42 @@ mod tests {
         assert_eq!(answer["version"], 3);
         assert_eq!(answer["address"], "unix:///run/s");
         assert_eq!(answer["protocol"], "ttrpc");
+    }
+
+    #[test]
+    fn a_socket_dir_keeps_the_sockets_name() {
+        assert_eq!(
+            in_socket_dir("unix:///run/containerd/s/abc123", "/run/other/s"),
+            "unix:///run/other/s/abc123"
+        );
+    }
+
+    #[test]
+    fn runtime_options_come_from_params_or_the_old_any() {
+        let options = Options {
+            shim_cgroup: "/pods/shim".into(),
+            ..Default::default()
+        };
+        let any = Any {
+            type_url: "containerd.runc.v1.Options".into(),
+            value: options.write_to_bytes().expect("encode"),
+            ..Default::default()
+        };
+        let old = any.write_to_bytes().expect("encode");
+        assert_eq!(
+            runtime_options(&old, None).map(|o| o.shim_cgroup),
+            Some("/pods/shim".to_string())
+        );
+        let params = BootstrapParams {
+            instance_id: "pod1".into(),
+            extensions: vec![any],
+            ..Default::default()
+        };
+        assert_eq!(
+            runtime_options(b"", Some(&params)).map(|o| o.shim_cgroup),
+            Some("/pods/shim".to_string())
+        );
+        assert!(runtime_options(b"", Some(&BootstrapParams::default())).is_none());
     }
 
     #[test]

@@ -32,7 +32,7 @@ impl CriService {
 
         let mut info = HashMap::new();
         if req.verbose {
-            info.insert("config".to_string(), to_json(&self.config.redacted()));
+            info.insert("config".to_string(), config_json(&self.config));
             info.insert("cniconfig".to_string(), self.cni.to_json().to_string());
             let last = match self.cni.ready() {
                 Ok(()) => "OK".to_string(),
@@ -141,6 +141,41 @@ fn condition(kind: &str, state: Result<(), (&str, String)>) -> RuntimeCondition 
     }
 }
 
-fn to_json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string()))
+/// The verbose Status `config`: crius's config (secrets redacted), with the keys containerd's
+/// CRI puts there under containerd's names as well (`rootDir`, `stateDir`,
+/// `containerdEndpoint`, `maxContainerLogLineSize`, `cni.confDir` ...), so tools written
+/// against containerd's CRI (its own integration suite among them) find them.
+fn config_json(config: &crate::config::Config) -> String {
+    let mut value = serde_json::to_value(config.redacted()).unwrap_or_default();
+    add_containerd_keys(&mut value, config);
+    value.to_string()
+}
+
+fn add_containerd_keys(value: &mut serde_json::Value, config: &crate::config::Config) {
+    let Some(top) = value.as_object_mut() else {
+        return;
+    };
+    let path = |p: &std::path::Path| serde_json::Value::from(p.display().to_string());
+    top.insert("rootDir".into(), path(&config.root));
+    top.insert("stateDir".into(), path(&config.state));
+    top.insert(
+        "containerdEndpoint".into(),
+        path(&config.containerd.address),
+    );
+    top.insert("containerdRootDir".into(), path(&config.containerd.root));
+    top.insert(
+        "maxContainerLogLineSize".into(),
+        config.max_container_log_line_size.into(),
+    );
+    if let Some(cni) = top.get_mut("cni").and_then(|c| c.as_object_mut()) {
+        let bin_dirs: Vec<serde_json::Value> =
+            config.cni.bin_dirs.iter().map(|d| path(d)).collect();
+        cni.insert("confDir".into(), path(&config.cni.conf_dir));
+        cni.insert(
+            "binDir".into(),
+            bin_dirs.first().cloned().unwrap_or_default(),
+        );
+        cni.insert("binDirs".into(), bin_dirs.into());
+        cni.insert("maxConfNum".into(), config.cni.max_conf_num.into());
+    }
 }

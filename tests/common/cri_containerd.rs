@@ -26,6 +26,8 @@ pub struct CriContainerd {
     /// Where containerd dials crius's sandbox controller.
     pub proxy_socket: PathBuf,
     pub bridge: String,
+    /// The text every pod address starts with (`198.18.<tag>.`).
+    pub subnet_prefix: String,
     child: Option<Child>,
 }
 
@@ -53,13 +55,11 @@ impl CriContainerd {
         )
         .expect("write hosts.toml");
         let bridge = format!("cricd{tag}");
+        let subnet = host_net::free_subnet(tag, &format!("{bridge}0"));
         std::fs::create_dir_all(dir.join("net.d")).expect("create net.d");
         std::fs::write(
             dir.join("net.d").join("10-test.conflist"),
-            bridge_conflist(
-                &format!("cricd{tag}"),
-                &host_net::free_subnet(tag, &format!("{bridge}0")).cidr(),
-            ),
+            bridge_conflist(&bridge, &subnet.cidr()),
         )
         .expect("write conflist");
         let address = dir.join("containerd.sock");
@@ -74,6 +74,7 @@ impl CriContainerd {
             address,
             proxy_socket,
             bridge,
+            subnet_prefix: subnet.text_prefix(),
             child: None,
         };
         containerd.launch().await;
@@ -226,9 +227,34 @@ fn has_cap_sys_resource() -> bool {
         .is_some_and(|caps| caps & (1 << 24) != 0)
 }
 
+/// The network namespaces containerd's CRI pinned for its pods (`/var/run/netns/cni-<uuid>`),
+/// as its metadata database names them: what a test that failed midway leaves behind.
+fn pinned_netns(root: &Path) -> Vec<PathBuf> {
+    const PREFIX: &[u8] = b"/var/run/netns/cni-";
+    const UUID_LEN: usize = 36;
+    let db = std::fs::read(root.join("io.containerd.metadata.v1.bolt/meta.db")).unwrap_or_default();
+    let mut found: Vec<PathBuf> = db
+        .windows(PREFIX.len() + UUID_LEN)
+        .filter(|w| w.starts_with(PREFIX))
+        .filter(|w| {
+            w[PREFIX.len()..]
+                .iter()
+                .all(|b| b.is_ascii_hexdigit() || *b == b'-')
+        })
+        .map(|w| PathBuf::from(String::from_utf8_lossy(w).into_owned()))
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
 impl Drop for CriContainerd {
     fn drop(&mut self) {
         self.kill();
+        for netns in pinned_netns(&self.dir.join("root")) {
+            let _ = nix::mount::umount2(&netns, nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_file(&netns);
+        }
         let _ = Command::new("ip")
             .args(["link", "del", &format!("{}0", self.bridge)])
             .stderr(Stdio::null())
