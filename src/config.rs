@@ -102,6 +102,32 @@ mod duration_str {
     }
 }
 
+/// An optional duration: absent or `""` is `None`.
+mod opt_duration_str {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::duration_str::serialize(d, s),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        humantime::parse_duration(&text).map(Some).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {text:?}: {e} (write it like \"10s\", or \"\" for none)"
+            ))
+        })
+    }
+}
+
 /// The longest log line crius keeps in one entry whatever `max_container_log_line_size`
 /// says: a container that never writes a newline cannot make it buffer without bound.
 pub const HARD_MAX_LOG_LINE: usize = 1024 * 1024;
@@ -122,6 +148,13 @@ pub struct Config {
     /// Container log lines longer than this are split into partial entries; zero or less
     /// means no limit of its own (crius still splits at [`HARD_MAX_LOG_LINE`]).
     pub max_container_log_line_size: i64,
+    /// containerd's `drain_exec_sync_io_timeout`: how long an ExecSync waits, after its
+    /// process exited, for the output to close (a background child may hold it) before it
+    /// kills the exec and fails with "failed to drain exec process". Zero: as long as the
+    /// client's deadline allows. None: crius drains for at most half a second and answers
+    /// with the output that came.
+    #[serde(with = "opt_duration_str", skip_serializing_if = "Option::is_none")]
+    pub drain_exec_sync_io_timeout: Option<Duration>,
     pub grpc: GrpcConfig,
     pub containerd: ContainerdConfig,
     pub cni: CniConfig,
@@ -154,6 +187,7 @@ impl Default for Config {
             stats_collect_period: Duration::from_secs(10),
             ignore_image_defined_volumes: false,
             max_container_log_line_size: 16 * 1024,
+            drain_exec_sync_io_timeout: None,
             grpc: GrpcConfig::default(),
             containerd: ContainerdConfig::default(),
             cni: CniConfig::default(),
@@ -732,6 +766,11 @@ ignore_image_defined_volumes = false
 # Container log lines longer than this many bytes are split into partial entries; 0 or less
 # means no limit of crius's own (it still splits at 1 MiB).
 max_container_log_line_size = 16384
+# After an ExecSync's process exited, wait this long for its output to close (a background
+# child may hold it), then kill the exec and fail with "failed to drain exec process", as
+# containerd's CRI does ("0s": as long as the client's deadline allows). Unset: drain for at
+# most half a second and answer with the output that came.
+# drain_exec_sync_io_timeout = "10s"
 
 [grpc]
 # The CRI gRPC socket that kubelet and crictl connect to.

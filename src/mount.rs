@@ -134,6 +134,26 @@ fn option_flag(option: &str) -> Option<(MsFlags, bool)> {
     Some(flag)
 }
 
+/// Whether overlay takes the `volatile` option here (Linux 5.10 and later).
+pub fn overlay_has_volatile() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        nix::sys::utsname::uname()
+            .ok()
+            .and_then(|u| kernel_at_least(&u.release().to_string_lossy(), (5, 10)))
+            .unwrap_or(false)
+    })
+}
+
+/// Whether a kernel release such as `6.18.0-1-amd64` is at least `version`; None when it
+/// does not read as one.
+pub fn kernel_at_least(release: &str, version: (u32, u32)) -> Option<bool> {
+    let mut parts = release.split(['.', '-']);
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next()?.parse().ok()?;
+    Some((major, minor) >= version)
+}
+
 /// Mounts a snapshot's mounts on `target`, in order. What was mounted before a failure is
 /// unmounted again.
 pub fn mount_all(

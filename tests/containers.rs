@@ -347,6 +347,82 @@ async fn the_primary_group_is_a_supplementary_group_as_under_containerd() {
     pod.remove_pod().await;
 }
 
+/// containerd's TestContainerDrainExecIOAfterExit, with its `drain_exec_sync_io_timeout`:
+/// an ExecSync whose background child holds the output past the drain fails with containerd's
+/// words; one whose child lets go in time answers.
+#[tokio::test]
+async fn a_configured_drain_fails_an_exec_whose_output_stays_open() {
+    let crius = Crius::start_with(
+        |c| c.drain_exec_sync_io_timeout = Some(Duration::from_secs(2)),
+        &[],
+    )
+    .await;
+    let mut pod = pod(&crius, "drain").await;
+    let id = pod
+        .run(container("sleeper", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let started = Instant::now();
+    let err = pod
+        .exec(&id, &["sh", "-c", "sleep 1000 &"], 5)
+        .await
+        .expect_err("the output never closes");
+    assert!(
+        err.message().contains("failed to drain exec process"),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let (_, _, code) = pod
+        .exec(&id, &["sh", "-c", "sleep 1 &"], 10)
+        .await
+        .expect("drained in time");
+    assert_eq!(code, 0);
+    pod.remove_pod().await;
+}
+
+/// containerd's TestContainerStopCancellation: a StopContainer whose client gives up before
+/// the stop timeout ends is given up with it, before SIGKILL; the container runs on.
+#[tokio::test]
+async fn a_stop_whose_client_gives_up_first_leaves_the_container_running() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "stop-cancel").await;
+    let id = pod
+        .run(container(
+            "ignores-term",
+            "busybox:latest",
+            &["sh", "-c", "trap 'echo ignore sigterm' TERM; sleep 1000"],
+        ))
+        .await;
+    let mut request = tonic::Request::new(crius::api::v1::StopContainerRequest {
+        container_id: id.clone(),
+        timeout: 3,
+    });
+    request.set_timeout(Duration::from_secs(1));
+    let err = pod
+        .client
+        .runtime
+        .stop_container(request)
+        .await
+        .expect_err("the client's deadline comes first");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    for _ in 0..10 {
+        let (status, _) = pod.status(&id).await;
+        assert_eq!(
+            status.state,
+            ContainerState::ContainerRunning as i32,
+            "the stop was given up, not finished with SIGKILL"
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    pod.stop(&id, 1).await;
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(status.state, ContainerState::ContainerExited as i32);
+    pod.remove_pod().await;
+}
+
 #[tokio::test]
 async fn volumes_rw_ro_and_through_a_symlink() {
     let crius = Crius::start().await;
@@ -673,6 +749,7 @@ async fn twenty_pods_with_three_containers_each_concurrently() {
         let dir = crius.dir.path().to_path_buf();
         handles.push(tokio::spawn(async move {
             let mut config = pod_config(&format!("p{i}"));
+            config.hostname = String::new();
             config.log_directory = dir.join("logs").join(format!("p{i}")).display().to_string();
             config.linux = Some(LinuxPodSandboxConfig {
                 security_context: Some(LinuxSandboxSecurityContext {

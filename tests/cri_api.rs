@@ -519,6 +519,16 @@ async fn container_status_reports_the_user_and_the_stop_signal() {
     inside.sort();
     assert_eq!(inside, vec![100, 1000, 4242], "the process runs with them");
     assert_eq!(status.stop_signal, Signal::Sigint as i32);
+    // Resources are reported even for a container that asked for none (as containerd does).
+    assert!(
+        status
+            .resources
+            .as_ref()
+            .and_then(|r| r.linux.as_ref())
+            .is_some(),
+        "{:?}",
+        status.resources
+    );
 
     // Without one in the config: the image's STOPSIGNAL, else SIGTERM.
     let from_image = pod

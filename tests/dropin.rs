@@ -219,6 +219,7 @@ async fn root_gets_the_groups_the_image_lists_it_in_unless_strict() {
 async fn sysfs_is_writable_only_for_a_privileged_container() {
     let crius = Crius::start().await;
     let mut config = pod_config("sysfs");
+    config.hostname = String::new();
     config.linux = Some(LinuxPodSandboxConfig {
         security_context: Some(LinuxSandboxSecurityContext {
             privileged: true,
@@ -326,6 +327,36 @@ async fn status_found(pod: &mut Pod, name: &str) -> bool {
         .is_some()
 }
 
+/// An image another client fetched without unpacking it (`ctr content fetch`) runs: its
+/// layers are unpacked when a container is made of it, as containerd's CRI does.
+#[tokio::test]
+async fn an_image_fetched_without_unpacking_runs() {
+    let crius = Crius::start().await;
+    let mut pod = pod(&crius, "fetched").await;
+    let fetched = image("busybox-entry:latest");
+    crius.ctr(&["content", "fetch", "--plain-http", &fetched]);
+    assert!(
+        !crius.ctr(&["snapshots", "ls"]).contains("sha256:"),
+        "nothing unpacked yet"
+    );
+    let mut seen = false;
+    for _ in 0..50 {
+        if status_found(&mut pod, &fetched).await {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "the fetched image is found");
+    let id = pod
+        .run(container("echo", "busybox-entry:latest", &[]))
+        .await;
+    pod.wait_exited(&id).await;
+    let (status, _) = pod.status(&id).await;
+    assert_eq!(status.exit_code, 0, "{status:?}");
+    pod.remove_pod().await;
+}
+
 #[tokio::test]
 async fn images_changed_with_ctr_show_at_once() {
     let crius = Crius::start().await;
@@ -382,8 +413,64 @@ async fn images_changed_with_ctr_show_at_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(seen, "an image pulled with ctr is found");
+    // Taken in as containerd's CRI takes it: its record labelled managed, and a record named
+    // by its ID beside it, labelled too.
+    let id = pod
+        .client
+        .image
+        .image_status(ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: pulled.clone(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .expect("image status")
+        .into_inner()
+        .image
+        .expect("the image")
+        .id;
+    let managed = |name: &str| {
+        crius.ctr(&["images", "ls"]).lines().any(|l| {
+            l.starts_with(&format!("{name} ")) && l.contains("io.cri-containerd.image=managed")
+        })
+    };
+    let adopted = eventually(Duration::from_secs(5), || async {
+        managed(&pulled) && managed(&id)
+    })
+    .await;
+    assert!(adopted, "records: {}", crius.ctr(&["images", "ls"]));
+    // A record labelled pinned (as containerd's CRI labels them) makes the image pinned.
+    crius.ctr(&[
+        "images",
+        "label",
+        &pulled,
+        "io.cri-containerd.pinned=pinned",
+    ]);
+    let pinned = eventually(Duration::from_secs(5), || {
+        let mut client = pod.client.clone();
+        let pulled = pulled.clone();
+        async move {
+            client
+                .image
+                .image_status(ImageStatusRequest {
+                    image: Some(ImageSpec {
+                        image: pulled,
+                        ..Default::default()
+                    }),
+                    verbose: false,
+                })
+                .await
+                .ok()
+                .and_then(|r| r.into_inner().image)
+                .is_some_and(|i| i.pinned)
+        }
+    })
+    .await;
+    assert!(pinned, "the pinned label makes the image pinned");
     // Removing the last name of an image removes the image.
-    crius.ctr(&["images", "rm", &pulled]);
+    crius.ctr(&["images", "rm", &pulled, &id]);
     let id_gone = eventually(Duration::from_secs(5), || {
         let mut client = pod.client.clone();
         let pulled = pulled.clone();

@@ -206,6 +206,7 @@ async fn a_retried_run_pod_sandbox_gets_the_first_ones_pod_also_after_a_restart(
         Crius::start_with(|_| {}, &failpoints("sandbox_after_container=sleep(2000)")).await;
     let mut client = crius.client().await;
     let mut config = common::pod_config("retried-pod");
+    config.hostname = String::new();
     config.linux = Some(crius::api::v1::LinuxPodSandboxConfig {
         security_context: Some(crius::api::v1::LinuxSandboxSecurityContext {
             namespace_options: Some(crius::api::v1::NamespaceOption {
@@ -280,6 +281,7 @@ async fn a_retried_run_pod_sandbox_gets_the_first_ones_pod_also_after_a_restart(
 
 fn privileged_pod_config(name: &str) -> crius::api::v1::PodSandboxConfig {
     let mut config = common::pod_config(name);
+    config.hostname = String::new();
     config.linux = Some(crius::api::v1::LinuxPodSandboxConfig {
         security_context: Some(crius::api::v1::LinuxSandboxSecurityContext {
             privileged: true,

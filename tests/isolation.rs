@@ -144,6 +144,7 @@ async fn host_ipc_and_host_network() {
     };
 
     let mut host = network_pod(&crius, "hostipc", |c| {
+        c.hostname = String::new();
         pod_security(c).namespace_options = Some(NamespaceOption {
             ipc: NamespaceMode::Node as i32,
             network: NamespaceMode::Node as i32,
@@ -277,6 +278,13 @@ async fn privileged_containers_need_a_privileged_pod_and_get_the_host_devices() 
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // In containerd's CRI's words, which its own tests match.
+    assert!(
+        err.message()
+            .contains("failed to generate spec opts: no privileged container allowed in sandbox"),
+        "{}",
+        err.message()
+    );
     let plain = plain_pod
         .run(container("plain", "busybox:latest", SLEEP))
         .await;

@@ -78,7 +78,9 @@ fn with_namespaces(mut config: PodSandboxConfig, options: NamespaceOption) -> Po
     config
 }
 
-fn host_network(config: PodSandboxConfig) -> PodSandboxConfig {
+fn host_network(mut config: PodSandboxConfig) -> PodSandboxConfig {
+    // It shares the host's UTS namespace: no hostname of its own.
+    config.hostname = String::new();
     with_namespaces(
         config,
         NamespaceOption {
@@ -276,6 +278,12 @@ async fn a_host_network_pod_has_no_netns_and_sees_the_host_network() {
     let crius = Crius::start_with(|c| network = Some(TestNetwork::install(c, 89)), &[]).await;
     let network = network.unwrap();
     let mut client = crius.client().await;
+    // It shares the host's UTS namespace: a hostname of its own is refused (containerd's
+    // TestPodHostname).
+    let mut named = host_network(pod_config("hostnet-named"));
+    named.hostname = "named".into();
+    let err = run(&mut client, named).await.expect_err("a hostname");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     let id = run(&mut client, host_network(pod_config("hostnet")))
         .await
         .expect("run");
@@ -393,9 +401,11 @@ async fn the_same_name_twice_is_already_exists_until_removed() {
     let _network = network.unwrap();
     let mut client = crius.client().await;
     let id = run(&mut client, pod_config("dup")).await.unwrap();
-    // The same request again is a retry: it gets the pod it made.
-    let retried = run(&mut client, pod_config("dup")).await.unwrap();
-    assert_eq!(retried, id);
+    // The same request again, after the first was answered, is a duplicate (containerd's
+    // TestDuplicateName): only a retry of a call whose answer was lost joins it.
+    let err = run(&mut client, pod_config("dup")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    assert!(err.message().contains(&id), "{}", err.message());
     // A different request under the same name is refused.
     let mut other = pod_config("dup");
     other.labels.insert("other".into(), "request".into());

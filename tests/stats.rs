@@ -89,6 +89,17 @@ async fn a_busy_container_uses_cpu_and_a_filled_one_memory() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(working_set > 20 * MIB, "working set {working_set}");
+    // A stopped container has no usage to report (containerd's TestTruncIndex).
+    pod.stop(&filled, 0).await;
+    let err = pod
+        .client
+        .runtime
+        .container_stats(ContainerStatsRequest {
+            container_id: filled.clone(),
+        })
+        .await
+        .expect_err("stats of a stopped container");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     // The busy loop would otherwise spin on through the tests after this one.
     pod.remove_pod().await;
 }
@@ -370,6 +381,7 @@ async fn a_pod_with_its_own_cgroup_reports_that_cgroup() {
     let crius = Crius::start().await;
     let parent = format!("/crius-test-stats-{}", std::process::id());
     let mut config = pod_config("stats-parent");
+    config.hostname = String::new();
     config
         .linux
         .get_or_insert_with(Default::default)

@@ -119,8 +119,9 @@ impl Plan {
     fn new(namespaces: &Namespaces, cgroup_procs: Vec<OwnedFd>) -> Result<Self, ShimError> {
         let path = std::env::current_exe().map_err(|e| ShimError::io("shim binary".into(), e))?;
         let exe = std::fs::File::open(&path)
-            .map_err(|e| ShimError::io(format!("open {}", path.display()), e))?
-            .into();
+            .map_err(|e| ShimError::io(format!("open {}", path.display()), e))?;
+        refuse_a_dynamic_shim(&exe, &path)?;
+        let exe = exe.into();
         let exe_path = CString::new(path.as_os_str().as_bytes())
             .map_err(|e| ShimError::Internal(format!("shim binary path: {e}")))?;
         let dev_null = std::fs::OpenOptions::new()
@@ -173,6 +174,21 @@ impl Plan {
             sysctls,
             cgroup_procs,
         })
+    }
+}
+
+/// The holder execs the shim inside an empty root, where no dynamic loader is: a shim
+/// linked dynamically could never hold a pod, so it says so before trying.
+fn refuse_a_dynamic_shim(exe: &std::fs::File, path: &std::path::Path) -> Result<(), ShimError> {
+    match crate::elf::dynamic_loader(exe) {
+        Ok(Some(loader)) => Err(ShimError::FailedPrecondition(format!(
+            "crius's shim {} is linked dynamically (it needs {loader}), but it holds a pod from \
+             inside an empty root where no loader is: install the static shim `make shim` \
+             builds (target/crius-shim/containerd-shim-crius-v2, scripts/build-shim.sh)",
+            path.display()
+        ))),
+        Ok(None) => Ok(()),
+        Err(e) => Err(ShimError::io(format!("read {}", path.display()), e)),
     }
 }
 

@@ -11,6 +11,7 @@ mod control;
 mod create;
 mod delete;
 mod direct_exec;
+mod elf;
 mod error;
 mod events;
 mod exec;

@@ -37,11 +37,19 @@ pub fn run(flags: &Flags) -> ActionResult {
     let group = group_of(&bundle, &flags.id);
     let input = read_stdin();
     let params = BootstrapParams::parse(&input, &flags.id);
-    let mut address = containerd_shim::socket_address(
+    // The socket is named as containerd names its runc shim's for the pod (tools that
+    // reach a pod's shim by containerd's naming find it); a pod whose shim an older crius
+    // started keeps it under the older name.
+    let legacy = containerd_shim::socket_address(
         &flags.address,
         &flags.namespace,
         &format!("{group}/crius"),
     );
+    let mut address = if answers(&legacy) {
+        legacy
+    } else {
+        containerd_shim::socket_address(&flags.address, &flags.namespace, &group)
+    };
     if let Some(dir) = params.as_ref().and_then(|p| p.socket_dir.as_deref()) {
         address = in_socket_dir(&address, dir);
     }
@@ -102,6 +110,11 @@ fn group_of(bundle: &Path, id: &str) -> String {
         .and_then(|spec| spec.annotations.get(SANDBOX_ID).cloned())
         .filter(|g| !g.is_empty())
         .unwrap_or_else(|| id.to_string())
+}
+
+/// Whether a live shim answers on the socket at `address`.
+fn answers(address: &str) -> bool {
+    UnixStream::connect(address.trim_start_matches("unix://")).is_ok()
 }
 
 /// Binds the socket; None when a live shim serves it already. A socket nobody answers on

@@ -65,6 +65,49 @@ impl CniResult {
     }
 }
 
+/// A pod's CNI results merged the way containerd's CRI shows them (`cniResult` in the verbose
+/// PodSandboxStatus, go-cni's `Result`): interfaces by name with their addresses, and every
+/// result's DNS and routes. Null when the pod has no results (host network, or no ADD done).
+pub fn go_cni_result(results: &[serde_json::Value]) -> serde_json::Value {
+    use serde_json::{Map, Value, json};
+    if results.is_empty() {
+        return Value::Null;
+    }
+    let mut interfaces = Map::new();
+    let mut dns = Vec::new();
+    let mut routes = Vec::new();
+    for value in results {
+        let Ok(result) = CniResult::parse(value) else {
+            continue;
+        };
+        for iface in &result.interfaces {
+            interfaces.insert(
+                iface.name.clone(),
+                json!({"IPConfigs": [], "Mac": iface.mac, "Sandbox": iface.sandbox,
+                       "PciID": "", "SocketPath": ""}),
+            );
+        }
+        for ip in &result.ips {
+            let Some(iface) = ip.interface.and_then(|i| result.interfaces.get(i)) else {
+                continue;
+            };
+            let address = ip.address.split('/').next().unwrap_or(&ip.address);
+            if let Some(configs) = interfaces
+                .get_mut(&iface.name)
+                .and_then(|c| c.get_mut("IPConfigs"))
+                .and_then(Value::as_array_mut)
+            {
+                configs.push(json!({"IP": address, "Gateway": ip.gateway}));
+            }
+        }
+        dns.push(value.get("dns").cloned().unwrap_or_else(|| json!({})));
+        if let Some(more) = value.get("routes").and_then(Value::as_array) {
+            routes.extend(more.iter().cloned());
+        }
+    }
+    json!({"Interfaces": interfaces, "DNS": dns, "Routes": routes})
+}
+
 /// The most addresses a pod reports (kubelet takes one of each family).
 const MAX_POD_IPS: usize = 16;
 
@@ -145,5 +188,26 @@ mod fuzz {
             });
             let _ = CniResult::parse(&value);
         }
+    }
+
+    #[test]
+    fn results_merge_into_go_cnis_shape() {
+        let bridge = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "crius0", "mac": "aa"},
+                           {"name": "eth0", "mac": "bb", "sandbox": "/var/run/netns/cni-1"}],
+            "ips": [{"address": "10.88.0.5/16", "gateway": "10.88.0.1", "interface": 1}],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dns": {"nameservers": ["10.0.0.10"]}
+        });
+        let merged = go_cni_result(&[bridge]);
+        let eth0 = &merged["Interfaces"]["eth0"];
+        assert_eq!(eth0["Sandbox"], "/var/run/netns/cni-1");
+        assert_eq!(eth0["IPConfigs"][0]["IP"], "10.88.0.5");
+        assert_eq!(eth0["IPConfigs"][0]["Gateway"], "10.88.0.1");
+        assert_eq!(merged["Interfaces"]["crius0"]["Mac"], "aa");
+        assert_eq!(merged["Routes"][0]["dst"], "0.0.0.0/0");
+        assert_eq!(merged["DNS"][0]["nameservers"][0], "10.0.0.10");
+        assert_eq!(go_cni_result(&[]), serde_json::Value::Null);
     }
 }

@@ -464,6 +464,34 @@ impl Containerd {
         Ok(resp.into_inner().mounts)
     }
 
+    /// Prepares an active snapshot `key` on `parent` with no labels and returns its mounts;
+    /// one that exists already is reused (its mounts are returned).
+    pub async fn prepare_or_reuse_snapshot(
+        &self,
+        snapshotter: &str,
+        key: &str,
+        parent: &str,
+        lease: Option<&str>,
+    ) -> Result<Vec<Mount>, ContainerdError> {
+        match self
+            .prepare_snapshot(snapshotter, key, parent, HashMap::new(), lease)
+            .await
+        {
+            Err(e) if e.code() == Some(Code::AlreadyExists) => {
+                let resp = self
+                    .snapshots()
+                    .mounts(MountsRequest {
+                        snapshotter: snapshotter.to_string(),
+                        key: key.to_string(),
+                    })
+                    .await
+                    .map_err(ContainerdError::rpc("snapshot mounts"))?;
+                Ok(resp.into_inner().mounts)
+            }
+            other => other,
+        }
+    }
+
     /// Makes a read-only view `key` of `parent` and returns its mounts. A view that exists
     /// already is reused: its mounts are returned.
     pub async fn view_snapshot(

@@ -193,11 +193,21 @@ impl CriService {
                 .kill_task(&id, "", signal as u32, false)
                 .await
                 .map_err(internal)?;
-            if tokio::time::timeout(timeout, container.wait_exited())
+            // As containerd's CRI: a client whose deadline comes before the stop timeout
+            // ends gives the stop up there, before SIGKILL; the container runs on.
+            let grace_end = tokio::time::Instant::now() + timeout;
+            let give_up = crate::server::deadline::current().filter(|at| *at < grace_end);
+            if tokio::time::timeout_at(give_up.unwrap_or(grace_end), container.wait_exited())
                 .await
                 .is_ok()
             {
                 return Ok(());
+            }
+            if give_up.is_some() {
+                return Err(Status::deadline_exceeded(format!(
+                    "container {id} did not stop before the client's deadline, which came \
+                     before its stop timeout of {timeout:?}: it was not killed"
+                )));
             }
             tracing::info!(container = %id, ?timeout, "container did not stop in time; killing it");
         }

@@ -166,6 +166,9 @@ impl CriService {
             Ok(()) => {
                 undo.disarm();
                 self.container_names.settle(&new.name, &new.id);
+                if super::names::client_still_waiting() {
+                    self.container_names.answered(&new.name, &new.id);
+                }
                 tracing::info!(container = %new.id, name = new.name, sandbox = %new.sandbox.id, "container created");
                 Ok(CreateContainerResponse {
                     container_id: new.id,
@@ -280,6 +283,29 @@ impl CriService {
         Ok((root_dir, state_dir))
     }
 
+    /// The container's active snapshot on its image (or the pod's remapped copy of it).
+    async fn prepare_rootfs(
+        &self,
+        new: &NewContainer,
+        pod_userns: Option<&PodUserns>,
+        lease: &str,
+    ) -> Result<Vec<Mount>, RootfsError> {
+        let parent = self
+            .rootfs_parent(&new.image.chain_id, pod_userns, lease)
+            .await
+            .map_err(RootfsError::Parent)?;
+        self.containerd
+            .prepare_snapshot(
+                &self.config.containerd.snapshotter,
+                &new.id,
+                &parent,
+                HashMap::new(),
+                Some(lease),
+            )
+            .await
+            .map_err(RootfsError::Prepare)
+    }
+
     /// Prepares the container's snapshot under `lease`, builds its spec and records it in
     /// containerd: its metadata, its process spec and its rootfs mounts.
     async fn snapshot_and_record(
@@ -290,14 +316,28 @@ impl CriService {
     ) -> Result<(ContainerMetadata, Box<[u8]>, Vec<Mount>), Status> {
         let snapshotter = self.config.containerd.snapshotter.clone();
         let pod_userns = self.sandbox_user_namespace(&new.sandbox);
-        let parent = self
-            .rootfs_parent(&new.image.chain_id, pod_userns.as_ref(), lease)
-            .await?;
-        let mounts = self
-            .containerd
-            .prepare_snapshot(&snapshotter, &new.id, &parent, HashMap::new(), Some(lease))
-            .await
-            .map_err(|e| Status::internal(format!("preparing the container rootfs: {e}")))?;
+        let mounts = match self.prepare_rootfs(new, pod_userns.as_ref(), lease).await {
+            Err(e) if e.is_not_found() => {
+                // The image's layers are not in the snapshotter (pulled by another client
+                // without unpacking): unpack them, as containerd's CRI does, and try again.
+                crate::image::load::ensure_unpacked(
+                    &self.containerd,
+                    &snapshotter,
+                    &new.image,
+                    lease,
+                )
+                .await
+                .map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "image {} is not unpacked and cannot be: {e}",
+                        new.image.id
+                    ))
+                })?;
+                self.prepare_rootfs(new, pod_userns.as_ref(), lease).await
+            }
+            other => other,
+        }
+        .map_err(|e| Status::internal(format!("preparing the container rootfs: {e}")))?;
         crate::failpoint::hit("container_after_snapshot")
             .await
             .map_err(internal)?;
@@ -517,6 +557,25 @@ fn container_user(
         == crate::api::v1::SupplementalGroupsPolicy::Strict as i32;
     resolve_with_policy(&user_string, files, &security.supplemental_groups, !strict)
         .map_err(|e| Status::invalid_argument(format!("container user: {e}")))
+}
+
+/// Why a container's rootfs could not be prepared.
+#[derive(Debug, thiserror::Error)]
+enum RootfsError {
+    #[error("{}", .0.message())]
+    Parent(Status),
+    #[error("{0}")]
+    Prepare(crate::containerd::ContainerdError),
+}
+
+impl RootfsError {
+    /// The image's snapshot is missing.
+    fn is_not_found(&self) -> bool {
+        match self {
+            Self::Parent(status) => status.code() == tonic::Code::NotFound,
+            Self::Prepare(e) => e.is_not_found(),
+        }
+    }
 }
 
 /// What crius keeps of a new container (its record's extension and its status file).

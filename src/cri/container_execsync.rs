@@ -22,6 +22,18 @@ const KILLED_DRAIN: Duration = Duration::from_millis(50);
 /// The type URL of an OCI process spec.
 pub const PROCESS_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
 
+/// How long the output of an exited ExecSync process may keep flowing under a configured
+/// `drain_exec_sync_io_timeout`: that long, or for zero, as long as the client's deadline
+/// allows.
+fn drain_limit(configured: Duration) -> Duration {
+    if !configured.is_zero() {
+        return configured;
+    }
+    crate::server::deadline::current()
+        .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
+        .unwrap_or(Duration::MAX)
+}
+
 /// A fresh ID for an exec process.
 pub(crate) fn new_exec_id() -> String {
     format!("{:016x}", rand::random::<u64>())
@@ -78,14 +90,22 @@ impl CriService {
             other => other,
         };
         // A killed process has nothing more to say: do not wait for its output.
-        let drain = if result.is_ok() {
-            EXEC_DRAIN
-        } else {
-            KILLED_DRAIN
+        let configured = self.config.drain_exec_sync_io_timeout;
+        let drain = match (&result, configured) {
+            (Err(_), _) => KILLED_DRAIN,
+            (Ok(_), None) => EXEC_DRAIN,
+            (Ok(_), Some(limit)) => drain_limit(limit),
         };
-        io.finish(drain).await;
-        self.delete_exec_process_later(id, exec_id);
+        let drained = io.finish(drain).await;
+        self.delete_exec_process_later(id, exec_id.clone());
         let exit_code = result?;
+        if !drained && configured.is_some() {
+            // containerd's CRI words it so; kubelet and tools match the words.
+            return Err(Status::deadline_exceeded(format!(
+                "failed to drain exec process {exec_id:?} io in {drain:?} because io is still \
+                 held by other processes (a background child of {cmd:?} keeps its output open)"
+            )));
+        }
         let (stdout, stderr) = output.take();
         Ok(ExecSyncResponse {
             stdout,

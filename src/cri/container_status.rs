@@ -71,8 +71,10 @@ impl CriService {
             annotations: config.annotations.clone(),
             mounts: config.mounts.clone(),
             log_path: metadata.log_path.clone(),
-            resources: container.resources().map(|linux| ContainerResources {
-                linux: Some(linux),
+            // Always there, as containerd reports them from the spec (zeros for limits the
+            // container does not have): clients such as containerd's own tests require it.
+            resources: Some(ContainerResources {
+                linux: Some(container.resources().unwrap_or_default()),
                 windows: None,
             }),
             image_id: metadata.image_ref.clone(),

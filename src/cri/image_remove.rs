@@ -32,7 +32,7 @@ impl CriService {
             return Ok(RemoveImageResponse {});
         };
         let image = &locked.image;
-        let pods = self.pods_with_image_volume(&image.id);
+        let pods = self.pods_with_image_volume(image);
         if !pods.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "image {} is mounted as an image volume of pod(s) {}: stop them first",

@@ -54,12 +54,14 @@ impl CriService {
         })
     }
 
-    /// Whether any of the image's names is a pinned (sandbox) image.
+    /// Whether the image is pinned: one of its records says so, or one of its names is a
+    /// pinned (sandbox) image of crius's config.
     pub(crate) fn is_pinned(&self, image: &Image) -> bool {
-        image
-            .references
-            .iter()
-            .any(|r| self.pinned_images.contains(r))
+        !image.pinned_references.is_empty()
+            || image
+                .references
+                .iter()
+                .any(|r| self.pinned_images.contains(r))
     }
 
     fn to_cri_image(&self, image: &Image) -> CriImage {

@@ -2,11 +2,14 @@
 //! mounted read-only into a container, or one directory of it (`image_sub_path`).
 //!
 //! As in containerd's CRI, a volume belongs to its pod: the first container that names an
-//! image gets a read-only view snapshot of it mounted under
-//! `<state>/image-volumes/<pod>/<image id>`, later containers of the pod share that mount,
-//! and stopping the pod unmounts and removes them all. The views are held by a lease of the
-//! pod, so nothing outlives it, even a crash: start-up deletes the leases of pods that are
-//! gone. While a pod has an image mounted, the image cannot be removed.
+//! image gets a snapshot of it mounted under `<state>/image-volumes/<pod>/<digest>` (the
+//! digest of the image's manifest or index, as containerd names it; the snapshot's key is
+//! that path, so tools written against containerd's CRI find it), with overlay's `volatile`
+//! (nothing written there is kept) and read-only for the containers; later containers of
+//! the pod share that mount, and stopping the pod unmounts and removes them all. The
+//! snapshots are held by a lease of the pod, so nothing outlives it, even a crash: start-up
+//! deletes the leases of pods that are gone. While a pod has an image mounted, the image
+//! cannot be removed.
 
 use std::path::{Path, PathBuf};
 
@@ -62,7 +65,8 @@ impl CriService {
                 mount.container_path
             ))
         })?;
-        let target = self.image_volumes_dir(sandbox_id).join(hex(&image.id));
+        let digest = self.volume_digest(&image).await;
+        let target = self.image_volumes_dir(sandbox_id).join(hex(&digest));
         if !blocking(target.clone(), |t| crate::mount::is_mount_point(&t)).await? {
             self.mount_image(sandbox_id, &image, &target).await?;
         }
@@ -75,7 +79,26 @@ impl CriService {
         Ok(())
     }
 
-    /// Makes the view snapshot of `image` under the pod's lease and mounts it on `target`.
+    /// The digest a volume of `image` is named by: its manifest's or index's (the target of
+    /// its records), as containerd names it; its ID when no record says.
+    async fn volume_digest(&self, image: &Image) -> String {
+        if let Some(digest) = image
+            .references
+            .iter()
+            .find_map(|r| r.split_once('@').map(|(_, digest)| digest.to_string()))
+        {
+            return digest;
+        }
+        match self.containerd.get_image(&image.id).await {
+            Ok(Some(record)) => record
+                .target
+                .map(|t| t.digest)
+                .unwrap_or_else(|| image.id.clone()),
+            _ => image.id.clone(),
+        }
+    }
+
+    /// Makes the snapshot of `image` under the pod's lease and mounts it on `target`.
     async fn mount_image(
         &self,
         sandbox_id: &str,
@@ -88,11 +111,12 @@ impl CriService {
             .ensure_lasting_lease(&lease)
             .await
             .map_err(|e| Status::internal(format!("image volume lease: {e}")))?;
-        let key = volume_snapshot_key(sandbox_id, &image.id);
+        let key = volume_snapshot_key(target);
         let mounts = self
             .containerd
-            .view_snapshot(snapshotter, &key, &image.chain_id, Some(&lease))
+            .prepare_or_reuse_snapshot(snapshotter, &key, &image.chain_id, Some(&lease))
             .await
+            .map(with_volatile)
             .map_err(|e| match e.code() {
                 Some(Code::NotFound) => Status::failed_precondition(format!(
                     "image {} is not unpacked (its layers are missing): pull it again",
@@ -144,7 +168,7 @@ impl CriService {
             })
             .await
             .map_err(|e| Status::new(e.code(), format!("image volume: {}", e.message())))?;
-            let key = volume_snapshot_key(sandbox_id, &name);
+            let key = volume_snapshot_key(&target);
             self.containerd
                 .remove_snapshot(&self.config.containerd.snapshotter, &key)
                 .await
@@ -166,12 +190,13 @@ impl CriService {
     }
 
     /// The pods that have `image_id` mounted as an image volume.
-    pub(crate) fn pods_with_image_volume(&self, image_id: &str) -> Vec<String> {
+    pub(crate) fn pods_with_image_volume(&self, image: &Image) -> Vec<String> {
         let Ok(pods) = std::fs::read_dir(self.config.state.join(VOLUMES_DIR)) else {
             return Vec::new();
         };
+        let names = volume_dir_names(image);
         pods.filter_map(Result::ok)
-            .filter(|pod| pod.path().join(hex(image_id)).exists())
+            .filter(|pod| names.iter().any(|name| pod.path().join(name).exists()))
             .map(|pod| pod.file_name().to_string_lossy().into_owned())
             .collect()
     }
@@ -230,9 +255,41 @@ async fn sub_path(target: &Path, sub: &str, reference: &str) -> Result<PathBuf, 
     }
 }
 
-/// The snapshot key of a pod's view of an image (`image` as an ID or its hex).
-fn volume_snapshot_key(sandbox_id: &str, image: &str) -> String {
-    format!("{VOLUME_LEASE_PREFIX}{sandbox_id}/{}", hex(image))
+/// The snapshot key of a pod's image volume: its mount point, as containerd's CRI keys it.
+fn volume_snapshot_key(target: &Path) -> String {
+    target.display().to_string()
+}
+
+/// The names a volume directory of `image` may have: the digests its names are pinned to
+/// (`repo@sha256:...`), and its ID (what crius named them before).
+fn volume_dir_names(image: &Image) -> Vec<String> {
+    let mut names: Vec<String> = image
+        .references
+        .iter()
+        .filter_map(|r| r.split_once('@').map(|(_, digest)| hex(digest).to_string()))
+        .collect();
+    names.push(hex(&image.id).to_string());
+    names
+}
+
+/// Adds overlay's `volatile` (no syncs: nothing written to an image volume is kept) on
+/// kernels that have it (5.10 and later), as containerd's CRI does.
+fn with_volatile(
+    mut mounts: Vec<containerd_client::types::Mount>,
+) -> Vec<containerd_client::types::Mount> {
+    if !crate::mount::overlay_has_volatile() {
+        return mounts;
+    }
+    for mount in mounts.iter_mut().filter(|m| m.r#type == "overlay") {
+        if !mount
+            .options
+            .iter()
+            .any(|o| o == "volatile" || o == "fsync=volatile")
+        {
+            mount.options.push("volatile".to_string());
+        }
+    }
+    mounts
 }
 
 fn hex(image_id: &str) -> &str {
@@ -300,15 +357,43 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_keys_are_per_pod_and_image() {
+    fn volumes_are_named_by_their_digests_and_keyed_by_their_path() {
+        let image = Image {
+            id: "sha256:config".into(),
+            references: ["r.io/a:1", "r.io/a@sha256:index"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            pinned_references: Default::default(),
+            chain_id: String::new(),
+            size: 0,
+            config: Default::default(),
+        };
+        assert_eq!(volume_dir_names(&image), ["index", "config"]);
         assert_eq!(
-            volume_snapshot_key("pod1", "sha256:abc"),
-            volume_snapshot_key("pod1", "abc")
+            volume_snapshot_key(Path::new("/run/crius/image-volumes/pod1/index")),
+            "/run/crius/image-volumes/pod1/index"
         );
-        assert_ne!(
-            volume_snapshot_key("pod1", "sha256:abc"),
-            volume_snapshot_key("pod2", "sha256:abc")
+    }
+
+    #[test]
+    fn only_overlay_mounts_become_volatile() {
+        let mount = |kind: &str| containerd_client::types::Mount {
+            r#type: kind.into(),
+            options: vec!["ro".into()],
+            ..Default::default()
+        };
+        let mounts = with_volatile(vec![mount("overlay"), mount("bind")]);
+        if crate::mount::overlay_has_volatile() {
+            assert_eq!(mounts[0].options, ["ro", "volatile"]);
+        }
+        assert_eq!(mounts[1].options, ["ro"]);
+        assert_eq!(
+            crate::mount::kernel_at_least("6.18.0-1-amd64", (5, 10)),
+            Some(true)
         );
+        assert_eq!(crate::mount::kernel_at_least("5.4.0", (5, 10)), Some(false));
+        assert_eq!(crate::mount::kernel_at_least("x", (5, 10)), None);
     }
 
     #[tokio::test]

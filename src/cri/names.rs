@@ -1,6 +1,8 @@
 //! Reserving a sandbox's or container's name, with kubelet's retries in mind: a retry of the
-//! same request joins the first call (it waits for it and gets its ID) rather than failing
-//! with "name is reserved"; a different request under a taken name gets ALREADY_EXISTS.
+//! same request whose first call's answer did not reach its client (it gave up first, or
+//! crius restarted) joins the first call (it waits for it and gets its ID) rather than
+//! failing with "name is reserved"; a different request under a taken name, or the same
+//! request again after the first was answered, gets ALREADY_EXISTS, as under containerd.
 
 use tonic::Status;
 
@@ -12,6 +14,12 @@ pub(crate) enum Reservation {
     New,
     /// The same request made the object already: this is its ID.
     Existing(String),
+}
+
+/// Whether the client of the call in progress is still waiting for its answer (its deadline,
+/// if it set one, has not passed).
+pub(crate) fn client_still_waiting() -> bool {
+    crate::server::deadline::current().is_none_or(|at| tokio::time::Instant::now() < at)
 }
 
 /// Reserves `name` for `id`, made by the request with `fingerprint`. `exists` tells whether

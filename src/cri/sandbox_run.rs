@@ -67,6 +67,7 @@ impl CriService {
 
         let service = self.clone();
         let task_id = id.clone();
+        let answer_name = name.clone();
         let created = tokio::spawn(async move {
             let mut undo = Undo::new();
             {
@@ -90,6 +91,9 @@ impl CriService {
         .await
         .map_err(|e| Status::internal(format!("sandbox creation task failed: {e}")))?;
         created?;
+        if super::names::client_still_waiting() {
+            self.sandbox_names.answered(&answer_name, &id);
+        }
         Ok(RunPodSandboxResponse { pod_sandbox_id: id })
     }
 

@@ -83,7 +83,10 @@ impl CriService {
         serde_json::json!({
             "pid": status.pid,
             "processStatus": process_status,
-            "netNamespaceClosed": status.netns_closed,
+            // Looked at now, as containerd's CRI does: someone may have unmounted it.
+            "netNamespaceClosed": status.netns_closed
+                || (!metadata.netns_path.is_empty()
+                    && !crate::netns::is_pinned(std::path::Path::new(&metadata.netns_path))),
             "netNamespace": metadata.netns_path,
             "image": metadata.image,
             "snapshotKey": if metadata.held { "" } else { metadata.id.as_str() },
@@ -93,7 +96,11 @@ impl CriService {
             "runtimeType": metadata.runtime_type,
             "config": metadata.config,
             "runtimeSpec": spec,
-            "cniResult": metadata.networks,
+            // containerd's CRI's shape (go-cni's merged result), and crius's own per network.
+            "cniResult": crate::cni::result::go_cni_result(
+                &metadata.networks.iter().map(|n| n.result.value()).collect::<Vec<_>>()
+            ),
+            "cniResults": metadata.networks,
         })
     }
 

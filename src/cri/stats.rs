@@ -53,6 +53,14 @@ impl CriService {
         req: ContainerStatsRequest,
     ) -> Result<ContainerStatsResponse, Status> {
         let container = self.require_container(&req.container_id)?;
+        // As under containerd's CRI, whose task metrics end with the task: a container that
+        // is not running has no usage to report (ListContainerStats lists running ones).
+        if container.status().state != crate::store::ContainerState::Running {
+            return Err(Status::failed_precondition(format!(
+                "container {} is not running: it has no usage to report",
+                container.id()
+            )));
+        }
         let stats = self
             .sample_containers(vec![container])
             .await

@@ -267,6 +267,15 @@ pub(crate) fn pod_config(config: &PodSandboxConfig, systemd_cgroup: bool) -> Res
         )));
     }
     no_control_characters("hostname", &config.hostname)?;
+    if !config.hostname.is_empty() && super::sandbox::is_host_network(config) {
+        // As under containerd's CRI, where the runtime refuses a hostname without a UTS
+        // namespace of the pod's own (kubelet sends none for such pods).
+        return Err(invalid(format!(
+            "hostname {}: a pod in the host's network shares the host's UTS namespace and \
+             cannot have a hostname of its own",
+            shown(&config.hostname)
+        )));
+    }
     if !config.log_directory.is_empty() {
         absolute_path("log_directory", &config.log_directory)?;
     }

@@ -12,7 +12,6 @@ use super::load::ImageDocuments;
 use super::manifest::{
     Descriptor, ImageConfigFile, Manifest, OCI_CONFIG, OCI_MANIFEST, sha256_digest,
 };
-use super::pull::MANAGED_LABEL;
 use super::unpack::{UnpackError, to_containerd, unpack_layer};
 use crate::containerd::content::WriteError;
 use crate::containerd::{Containerd, ContainerdError};
@@ -221,7 +220,8 @@ async fn import(
         )
         .await
         .map_err(write_error)?;
-    let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
+    // The built-in pause image is the sandbox image: pinned, as containerd's CRI pins it.
+    let labels = super::pull::record_labels(true);
     for name in names {
         containerd
             .put_image(name, to_containerd(&docs.manifest_desc), labels.clone())

@@ -37,6 +37,16 @@ use crate::store::{Image, ImageStore};
 
 /// The label that marks images crius manages, as containerd's CRI does.
 pub const MANAGED_LABEL: &str = "io.cri-containerd.image";
+
+/// The labels containerd's CRI gives the records of an image it keeps: managed, and pinned
+/// when the name asked for is a pinned one (the sandbox image).
+pub fn record_labels(pinned: bool) -> HashMap<String, String> {
+    let mut labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
+    if pinned {
+        labels.insert(super::load::PINNED_LABEL.to_string(), "pinned".to_string());
+    }
+    labels
+}
 /// A pull's lease expires by itself after this, should crius die mid-pull.
 /// The most layers an image may have: overlayfs stacks no more (a manifest of 8 MiB could
 /// name some 90 thousand, each a download task).
@@ -566,7 +576,7 @@ impl ImagePuller {
         {
             return Ok(None);
         }
-        let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
+        let labels = record_labels(names.iter().any(|n| self.images.is_pinned_name(n)));
         let top = top_descriptor(resolved);
         for name in names.difference(&image.references) {
             self.containerd
@@ -634,7 +644,7 @@ impl ImagePuller {
         }
         names.insert(reference.with_digest(&docs.top.digest));
         names.insert(image_id.clone());
-        let labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
+        let labels = record_labels(names.iter().any(|n| self.images.is_pinned_name(n)));
         // A RemoveImage of this image, or of the one a tag pointed at, comes before the
         // names are written or after they are recorded; a name `ctr images rm` takes away
         // meanwhile may be gone from containerd again by then: the store does not get it
@@ -653,6 +663,14 @@ impl ImagePuller {
             config: docs.config.clone(),
         }
         .into_image(names);
+        let image = if labels.contains_key(super::load::PINNED_LABEL) {
+            Image {
+                pinned_references: image.references.clone(),
+                ..image
+            }
+        } else {
+            image
+        };
         self.images
             .add_unless_removed_since(image.clone(), read.generation);
         Ok(image)

@@ -49,26 +49,33 @@ impl LineSplitter {
         }
     }
 
-    /// Feeds `data`; `emit(content, partial)` gets each finished entry.
+    /// Feeds `data`; `emit(content, partial)` gets each finished entry. A line of exactly
+    /// the limit is one full entry even when its newline comes in a later read (as under
+    /// containerd's CRI): a full entry is held until the byte after it is seen.
     pub fn push(&mut self, mut data: &[u8], mut emit: impl FnMut(&[u8], bool)) {
         while !data.is_empty() {
+            if self.pending.len() == self.max_line {
+                let whole_line = data[0] == b'\n';
+                emit(&self.pending, !whole_line);
+                self.pending.clear();
+                if whole_line {
+                    data = &data[1..];
+                }
+                continue;
+            }
             let room = self.max_line - self.pending.len();
-            match data.iter().position(|&b| b == b'\n') {
-                Some(nl) if nl <= room => {
+            let window = &data[..data.len().min(room + 1)];
+            match window.iter().position(|&b| b == b'\n') {
+                Some(nl) => {
                     self.pending.extend_from_slice(&data[..nl]);
                     emit(&self.pending, false);
                     self.pending.clear();
                     data = &data[nl + 1..];
                 }
-                _ if data.len() < room => {
-                    self.pending.extend_from_slice(data);
-                    data = &[];
-                }
-                _ => {
-                    self.pending.extend_from_slice(&data[..room]);
-                    emit(&self.pending, true);
-                    self.pending.clear();
-                    data = &data[room..];
+                None => {
+                    let take = data.len().min(room);
+                    self.pending.extend_from_slice(&data[..take]);
+                    data = &data[take..];
                 }
             }
         }
@@ -250,6 +257,25 @@ mod tests {
         let mut data = vec![b'y'; MAX_LINE];
         data.push(b'\n');
         assert_eq!(split(&[&data]), vec![(vec![b'y'; MAX_LINE], false)]);
+    }
+
+    #[test]
+    fn a_line_of_exactly_max_is_full_when_its_newline_comes_later() {
+        let line = vec![b'b'; 8];
+        assert_eq!(
+            split_at(8, &[&line, b"\n", b"ccccccccc\n"]),
+            vec![
+                (line.clone(), false),
+                (b"cccccccc".to_vec(), true),
+                (b"c".to_vec(), false)
+            ]
+        );
+        // ...and a partial one when the stream ends there.
+        assert_eq!(split_at(8, &[&line]), vec![(line.clone(), true)]);
+        assert_eq!(
+            split_at(8, &[&line, b"x\n"]),
+            vec![(line, true), (b"x".to_vec(), false)]
+        );
     }
 
     #[test]

@@ -523,18 +523,28 @@ impl ExecIo {
     }
 
     /// Waits for EOF on both streams, at most `limit`, then stops copying and removes the
-    /// FIFOs.
-    pub async fn finish(mut self, limit: Duration) {
+    /// FIFOs. True when both streams ended in time.
+    pub async fn finish(mut self, limit: Duration) -> bool {
         self.placeholders.clear();
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = tokio::time::Instant::now()
+            .checked_add(limit)
+            .unwrap_or_else(far_future);
+        let mut drained = true;
         for copier in self.copiers.drain(..) {
             let abort = copier.abort_handle();
             if tokio::time::timeout_at(deadline, copier).await.is_err() {
                 abort.abort();
+                drained = false;
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        drained
     }
+}
+
+/// A day from now: "no limit" for a wait that still needs an instant.
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(24 * 60 * 60)
 }
 
 impl Drop for ExecIo {

@@ -16,11 +16,14 @@ pub(crate) enum Layout {
     V1,
     /// `version = 2`: `plugins."io.containerd.grpc.v1.cri"` (containerd 1.3 to 1.7).
     V2,
-    /// `version = 3`: the runtime, images and server plugins of containerd 2.x.
+    /// `version = 3` and `4`: the runtime, images and server plugins of containerd 2.x (4,
+    /// from containerd 2.3, moves containerd's own server settings into plugins too).
     V3,
 }
 
 const V2_CRI: &str = "io.containerd.grpc.v1.cri";
+/// Version 4's gRPC server plugin, which holds containerd's socket address.
+const V4_GRPC_SERVER: &str = "io.containerd.server.v1.grpc";
 const V3_RUNTIME: &str = "io.containerd.cri.v1.runtime";
 const V3_IMAGES: &str = "io.containerd.cri.v1.images";
 
@@ -36,7 +39,7 @@ pub(super) fn migrate_document(
 ) -> Result<i64, MigrateError> {
     let version = match doc.get("version") {
         None => 1,
-        Some(Value::Integer(v @ 1..=3)) => *v,
+        Some(Value::Integer(v @ 1..=4)) => *v,
         Some(other) => {
             return Err(MigrateError::UnknownVersion {
                 path: source.to_path_buf(),
@@ -50,6 +53,9 @@ pub(super) fn migrate_document(
         _ => Layout::V3,
     };
     containerd_keys(doc, layout, ctx);
+    if version == 4 {
+        server_plugin_address(doc, ctx);
+    }
     match doc.get("plugins").and_then(Value::as_table) {
         Some(plugins) => {
             match layout {
@@ -107,6 +113,27 @@ fn containerd_keys(doc: &Table, layout: Layout, ctx: &mut Ctx) {
         ctx.report.note(
             "disabled_plugins",
             "containerd's CRI plugin is disabled in this file; its settings are migrated anyway",
+        );
+    }
+}
+
+/// Version 4 (containerd 2.3) moves `[grpc] address` into the gRPC server plugin.
+fn server_plugin_address(doc: &Table, ctx: &mut Ctx) {
+    let address = doc
+        .get("plugins")
+        .and_then(|p| p.get(V4_GRPC_SERVER))
+        .and_then(|g| g.get("address"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if address.is_empty() {
+        return;
+    }
+    if Path::new(address).is_absolute() {
+        ctx.config.containerd.address = address.into();
+    } else {
+        ctx.report.not_carried(
+            format!("{}.address", join_key("plugins", V4_GRPC_SERVER)),
+            format!("{address:?} is not an absolute socket path"),
         );
     }
 }

@@ -50,7 +50,7 @@ pub enum MigrateError {
     #[error("{path} is not a TOML file: {message}")]
     NotToml { path: PathBuf, message: String },
     #[error(
-        "{path}: unknown containerd config version {version} (versions 1, 2 and 3 can be migrated)"
+        "{path}: unknown containerd config version {version} (versions 1 to 4 can be migrated)"
     )]
     UnknownVersion { path: PathBuf, version: String },
     #[error("the migrated config does not load in crius: {0}")]

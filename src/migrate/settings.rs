@@ -14,6 +14,23 @@ use super::section::{Rule, Section, any, is_empty, is_false, is_true, never, typ
 use crate::config::RestrictOomScoreAdj;
 
 const RUNTIME_RULES: &[Rule] = &[
+    // containerd 2.3 (config version 4) adds these.
+    Rule {
+        key: "stats_retention_period",
+        neutral: is_empty,
+        reason: "crius keeps no history of stats samples: each read is of now",
+    },
+    Rule {
+        key: "enable_criu",
+        neutral: is_true,
+        reason: "crius checkpoints containers with CRIU whenever the runtime can; it has no \
+                 switch to refuse checkpoints",
+    },
+    Rule {
+        key: "enable_experimental_restore_via_create",
+        neutral: any,
+        reason: "",
+    },
     Rule {
         key: "enable_selinux",
         neutral: is_false,
@@ -79,11 +96,6 @@ const RUNTIME_RULES: &[Rule] = &[
         neutral: is_false,
         reason: "crius gives devices the owner they have on the host, not the container's \
                  runAsUser and runAsGroup",
-    },
-    Rule {
-        key: "drain_exec_sync_io_timeout",
-        neutral: is_empty,
-        reason: "crius bounds the drain of an ExecSync's output itself",
     },
     Rule {
         key: "ignore_deprecation_warnings",
@@ -177,6 +189,8 @@ pub(super) fn runtime_settings(sec: &mut Section<'_>, layout: Layout, ctx: &mut 
     if let Some(b) = sec.bool("ignore_image_defined_volumes", &mut ctx.report) {
         ctx.config.ignore_image_defined_volumes = b;
     }
+    drain_exec_sync_io_timeout(sec, ctx);
+    stats_collect_period(sec, ctx);
     oom_score_adj(sec, ctx);
     cdi(sec, ctx);
     sec.unsupported(RUNTIME_RULES, &mut ctx.report);
@@ -187,6 +201,46 @@ pub(super) fn runtime_settings(sec: &mut Section<'_>, layout: Layout, ctx: &mut 
     if let Some(mut sub) = sec.table("cni", &mut ctx.report) {
         cni(&mut sub, ctx);
         sub.finish(&mut ctx.report);
+    }
+}
+
+/// containerd 2.3's runtime-side `stats_collect_period`, a duration ("" keeps the default):
+/// how often usage is read. (The image side's, in seconds, is read with the downloads; a
+/// version 2 file has only that one, in the same table.)
+fn stats_collect_period(sec: &mut Section<'_>, ctx: &mut Ctx) {
+    const KEY: &str = "stats_collect_period";
+    if !sec.peek(KEY).is_some_and(Value::is_str) {
+        return;
+    }
+    let Some(text) = sec.string(KEY, &mut ctx.report) else {
+        return;
+    };
+    match parse_go_duration(&text) {
+        _ if text.is_empty() => {}
+        Some(d) if !d.is_zero() => ctx.config.stats_collect_period = d,
+        _ => ctx.report.note(
+            sec.key(KEY),
+            format!("{text:?} is not a positive duration; crius's default is kept"),
+        ),
+    }
+}
+
+/// containerd's "0s" (its default) waits as long as it takes: crius's zero waits as long as
+/// the client's deadline allows, which is where such a wait ends for kubelet too.
+fn drain_exec_sync_io_timeout(sec: &mut Section<'_>, ctx: &mut Ctx) {
+    const KEY: &str = "drain_exec_sync_io_timeout";
+    let Some(text) = sec.string(KEY, &mut ctx.report) else {
+        return;
+    };
+    if text.is_empty() {
+        return;
+    }
+    match parse_go_duration(&text) {
+        Some(d) => ctx.config.drain_exec_sync_io_timeout = Some(d),
+        None => ctx.report.note(
+            sec.key(KEY),
+            format!("{text:?} is not a duration; left unset"),
+        ),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The migration against real containerd configs: the `containerd config default` output
-//! of containerd 1.6 and 2.1, and node configs shaped like real ones.
+//! of containerd 1.6, 2.1 and 2.3, and node configs shaped like real ones.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,8 @@ const V16_DEFAULT: &str =
     include_str!("../../tests/fixtures/containerd-config/containerd-1.6-default.toml");
 const V21_DEFAULT: &str =
     include_str!("../../tests/fixtures/containerd-config/containerd-2.1-default.toml");
+const V23_DEFAULT: &str =
+    include_str!("../../tests/fixtures/containerd-config/containerd-2.3-default.toml");
 const V2_CUSTOM: &str = include_str!("../../tests/fixtures/containerd-config/v2-custom.toml");
 const V3_SPLIT: &str = include_str!("../../tests/fixtures/containerd-config/v3-split.toml");
 const V1_LEGACY: &str = include_str!("../../tests/fixtures/containerd-config/v1-legacy.toml");
@@ -71,6 +73,8 @@ fn containerd_1_6_default_config() {
     assert_eq!(c.containerd.snapshotter, "overlayfs");
     assert_eq!(c.stream.idle_timeout, Duration::from_secs(4 * 3600));
     assert_eq!(c.restrict_oom_score_adj, RestrictOomScoreAdj::Auto);
+    // 1.6's default has no drain key: crius's own drain stays.
+    assert_eq!(c.drain_exec_sync_io_timeout, None);
     assert_eq!(
         m.report.not_carried_keys(),
         vec![
@@ -99,6 +103,9 @@ fn containerd_2_1_default_config() {
     assert_eq!(c.cni, defaults.cni);
     assert_eq!(c.cdi, defaults.cdi);
     assert_eq!(c.image.pull_progress_timeout, Duration::from_secs(300));
+    // containerd's "0s" waits for an ExecSync's output as long as it takes: crius as long as
+    // the client's deadline allows.
+    assert_eq!(c.drain_exec_sync_io_timeout, Some(Duration::ZERO));
     assert_eq!(
         m.report.not_carried_keys(),
         vec![
@@ -112,6 +119,55 @@ fn containerd_2_1_default_config() {
         reason(&m, &format!("{V3_RUNTIME}.enable_unprivileged_ports"))
             .contains("ip_unprivileged_port_start")
     );
+}
+
+/// containerd 2.3's own `config default`: config version 4.
+#[test]
+fn containerd_2_3_default_config() {
+    let m = migrated(V23_DEFAULT, None);
+    assert_eq!(m.version, 4);
+    let c = &m.config;
+    assert_eq!(c.image.sandbox_image, "registry.k8s.io/pause:3.10.2");
+    assert_eq!(c.containerd.runtimes["runc"].runtime_type, RUNC_SHIM);
+    assert_eq!(
+        c.containerd.address,
+        PathBuf::from("/run/containerd/containerd.sock")
+    );
+    assert_eq!(c.cni.bin_dirs, vec![PathBuf::from("/opt/cni/bin")]);
+    assert_eq!(c.drain_exec_sync_io_timeout, Some(Duration::ZERO));
+    // The keys 2.3 adds at their defaults are as crius behaves.
+    assert_eq!(
+        m.report.not_carried_keys(),
+        vec![
+            "imports".to_string(),
+            format!("{V3_RUNTIME}.disable_apparmor"),
+            format!("{V3_RUNTIME}.disable_hugetlb_controller"),
+            format!("{V3_RUNTIME}.enable_unprivileged_ports"),
+            format!("{V3_RUNTIME}.enable_unprivileged_icmp"),
+        ]
+    );
+}
+
+/// Version 4 keeps containerd's socket in its gRPC server plugin.
+#[test]
+fn v4_server_plugin_address_and_stats_period() {
+    let m = migrated(
+        r#"version = 4
+[plugins.'io.containerd.server.v1.grpc']
+  address = '/run/ctrd/containerd.sock'
+[plugins.'io.containerd.cri.v1.runtime']
+  stats_collect_period = '5s'
+  enable_criu = false
+"#,
+        None,
+    );
+    assert_eq!(m.version, 4);
+    assert_eq!(
+        m.config.containerd.address,
+        PathBuf::from("/run/ctrd/containerd.sock")
+    );
+    assert_eq!(m.config.stats_collect_period, Duration::from_secs(5));
+    assert!(reason(&m, &format!("{V3_RUNTIME}.enable_criu")).contains("CRIU"));
 }
 
 #[test]
@@ -365,6 +421,7 @@ fn v3_split_plugins() {
     assert_eq!(c.image.pull_progress_timeout, Duration::from_secs(600));
     assert_eq!(c.stats_collect_period, Duration::from_secs(20));
     assert_eq!(c.max_container_log_line_size, 32768);
+    assert_eq!(c.drain_exec_sync_io_timeout, Some(Duration::from_secs(90)));
     assert_eq!(c.restrict_oom_score_adj, RestrictOomScoreAdj::Auto);
     // enable_cdi = false is reported, not turned into a crius that refuses CDI pods.
     assert_eq!(c.cdi, crate::config::Config::default().cdi);
@@ -559,11 +616,11 @@ fn bad_inputs_fail_with_clear_errors() {
         source: Path::new("/etc/containerd/config.toml"),
         hosts_dir: None,
     };
-    let err = migrate("version = 4\n", &options).unwrap_err();
+    let err = migrate("version = 5\n", &options).unwrap_err();
     assert!(matches!(err, MigrateError::UnknownVersion { .. }), "{err}");
     assert!(
         err.to_string()
-            .contains("unknown containerd config version 4"),
+            .contains("unknown containerd config version 5"),
         "{err}"
     );
     let err = migrate("version = \"2\"\n", &options).unwrap_err();

@@ -439,7 +439,10 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
         .is_some_and(|s| s.privileged);
     if privileged && !pod_privileged {
         return Err(SpecError::Invalid(
-            "a privileged container needs a privileged pod sandbox".to_string(),
+            // containerd's CRI words it so; tools match the words.
+            "failed to generate spec opts: no privileged container allowed in sandbox (a \
+             privileged container needs a privileged pod sandbox)"
+                .to_string(),
         ));
     }
 

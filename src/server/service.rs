@@ -217,6 +217,7 @@ impl CriService {
         );
         let sandbox_image = sandbox_image_name(&config)?;
         let pinned_images = std::collections::HashSet::from([sandbox_image.clone()]);
+        images.pin_names(pinned_images.iter().cloned());
         let cni_network = CniNetwork::new(
             cni.clone(),
             config.cni.bin_dirs.clone(),

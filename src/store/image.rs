@@ -15,6 +15,9 @@ pub struct Image {
     pub id: String,
     /// containerd image record names: tags, digests and the ID itself.
     pub references: BTreeSet<String>,
+    /// Those of the names whose record is labelled pinned (`io.cri-containerd.pinned`), as
+    /// containerd's CRI reads them: kubelet's image garbage collection leaves such images.
+    pub pinned_references: BTreeSet<String>,
     /// The chain ID of the top layer: the snapshot containers are made from.
     pub chain_id: String,
     /// Bytes of the image's documents and layers as stored (compressed).
@@ -84,6 +87,9 @@ pub struct ImageStore {
     /// One lock per image name or ID changing in containerd and in the store together (see
     /// [`ImageStore::lock_names`]); gone once no one holds or waits for it.
     name_locks: std::sync::Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    /// Names crius keeps pinned (the sandbox image): their containerd records are labelled
+    /// so, as containerd's CRI labels them.
+    pinned_names: RwLock<std::collections::HashSet<String>>,
 }
 
 /// A read of the store's generation, registered until it drops: removals after it are
@@ -125,6 +131,22 @@ fn hex_of(id: &str) -> &str {
 impl ImageStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Names whose records crius labels pinned.
+    pub fn pin_names(&self, names: impl IntoIterator<Item = String>) {
+        self.pinned_names
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(names);
+    }
+
+    /// Whether the records of `name` are to be labelled pinned.
+    pub fn is_pinned_name(&self, name: &str) -> bool {
+        self.pinned_names
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(name)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
@@ -338,6 +360,14 @@ fn add_to(inner: &mut Inner, image: Image) {
     let id = image.id.clone();
     match inner.images.get_mut(&id) {
         Some(existing) => {
+            // The records just read say which of their names are pinned now.
+            for reference in &image.references {
+                if image.pinned_references.contains(reference) {
+                    existing.pinned_references.insert(reference.clone());
+                } else {
+                    existing.pinned_references.remove(reference);
+                }
+            }
             existing.references.extend(image.references);
             existing.chain_id = image.chain_id;
             existing.size = image.size;
@@ -363,6 +393,7 @@ fn detach(inner: &mut Inner, reference: &str, id: &str) {
     let now_unnamed = match inner.images.get_mut(id) {
         Some(image) => {
             image.references.remove(reference);
+            image.pinned_references.remove(reference);
             image.references.is_empty()
         }
         None => false,
@@ -381,6 +412,7 @@ mod tests {
         Image {
             id: id.to_string(),
             references: refs.iter().map(|r| r.to_string()).collect(),
+            pinned_references: BTreeSet::new(),
             chain_id: "sha256:chain".into(),
             size: 10,
             config: ImageConfigFile::default(),

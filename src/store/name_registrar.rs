@@ -135,6 +135,16 @@ impl NameRegistrar {
         }
     }
 
+    /// The operation that reserved `name` for `key` answered its client in time: a request
+    /// alike from now on is a duplicate, refused as containerd's CRI refuses it, not a retry
+    /// of a call whose answer was lost.
+    pub fn answered(&self, name: &str, key: &str) {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(holder) = names.get_mut(name).filter(|h| h.key == key) {
+            holder.fingerprint = None;
+        }
+    }
+
     /// Releases `name` if `key` holds it; whoever waits on it is woken.
     pub fn release(&self, name: &str, key: &str) {
         let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());

@@ -37,6 +37,8 @@ pub async fn pod(crius: &Crius, name: &str) -> Pod {
 /// The config of a host-network pod named `name`.
 pub fn host_network_pod_config(name: &str) -> PodSandboxConfig {
     let mut config = pod_config(name);
+    // It shares the host's UTS namespace: no hostname of its own.
+    config.hostname = String::new();
     config.linux = Some(LinuxPodSandboxConfig {
         security_context: Some(LinuxSandboxSecurityContext {
             namespace_options: Some(NamespaceOption {
