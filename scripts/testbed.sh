@@ -636,7 +636,7 @@ test_against() {
     eval "$(print_env "$1")"
     log "integration tests against $CRIUS_TEST_CONTAINERD_NAME"
     local rc=0
-    if cargo test --features failpoints --test '*'; then
+    if cargo test --features failpoints --test '*' --no-fail-fast; then
       log "passed against $CRIUS_TEST_CONTAINERD_NAME"
     else
       log "FAILED against $CRIUS_TEST_CONTAINERD_NAME (its log: ${CRIUS_TEST_CONTAINERD_ADDRESS%/*}/log)"

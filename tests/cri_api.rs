@@ -408,6 +408,7 @@ async fn status_advertises_what_each_handler_supports() {
 
     // A recursive read-only mount on that handler is refused, not silently made writable.
     let mut config = pod_config("norro");
+    config.hostname = String::new();
     config
         .linux
         .get_or_insert_with(Default::default)
@@ -586,6 +587,7 @@ async fn update_pod_sandbox_resources_is_kept_and_applied_to_the_pod_cgroup() {
     let crius = Crius::start().await;
     let parent = format!("/crius-test-resize-{}", std::process::id());
     let mut config = pod_config("resize");
+    config.hostname = String::new();
     let linux = config.linux.get_or_insert_with(Default::default);
     linux.cgroup_parent = parent.clone();
     linux
