@@ -538,6 +538,8 @@ images_up() {
   push_volume_image
   push_declared_volumes_image
   push_hostile_account_images
+  # The sandbox image containerd's own CRI pulls in the tests that run pods inside it.
+  push_pause_image
   skopeo copy --quiet --dest-tls-verify=false --dest-creds "$AUTH_USER:$AUTH_PASSWORD" \
     "oci:$LAYOUT:busybox:latest" "docker://$AUTH_REGISTRY_ADDR/private/busybox:latest"
   log "test images pushed to $REGISTRY_ADDR and $AUTH_REGISTRY_ADDR"
@@ -701,7 +703,6 @@ run_benches() {
   trap down EXIT
   up
   push_big_image
-  push_pause_image
   cri_containerd_up
   eval "$(print_env 1)"
   export CRIUS_BENCH_CRI_CONTAINERD=$CRI_CTRD_SOCK CRIUS_BENCH_CONTAINERD_PID=$CTRD_DIR/pid

@@ -195,12 +195,20 @@ impl CriService {
                 .map_err(internal)?;
             // As containerd's CRI: a client whose deadline comes before the stop timeout
             // ends gives the stop up there, before SIGKILL; the container runs on.
-            let grace_end = tokio::time::Instant::now() + timeout;
-            let give_up = crate::server::deadline::current().filter(|at| *at < grace_end);
-            if tokio::time::timeout_at(give_up.unwrap_or(grace_end), container.wait_exited())
-                .await
-                .is_ok()
-            {
+            // A timeout no clock can hold ends with the client's deadline or never.
+            let grace_end = tokio::time::Instant::now().checked_add(timeout);
+            let give_up = crate::server::deadline::current()
+                .filter(|at| grace_end.is_none_or(|end| *at < end));
+            let exited = match give_up.or(grace_end) {
+                Some(at) => tokio::time::timeout_at(at, container.wait_exited())
+                    .await
+                    .is_ok(),
+                None => {
+                    container.wait_exited().await;
+                    true
+                }
+            };
+            if exited {
                 return Ok(());
             }
             if give_up.is_some() {
