@@ -32,6 +32,28 @@ pub fn resolve_in_root(root: &Path, relative: &Path) -> std::io::Result<PathBuf>
     Ok(resolved)
 }
 
+/// Resolves `relative` beneath `root`, refusing rather than clamping what would leave it:
+/// an absolute path, a `..` above `root`, an absolute symlink or one leading out fail with
+/// `EXDEV` (Go's `os.Root`, which containerd's CRI resolves image sub paths with, refuses
+/// the same). Returns the host path of what it names, free of symlinks.
+pub fn resolve_beneath(root: &Path, relative: &Path) -> std::io::Result<PathBuf> {
+    if relative.is_absolute() {
+        return Err(std::io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    let root_dir = std::fs::File::open(root)?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let fd = nix::fcntl::openat2(&root_dir, &relative_path(relative), how)
+        .map_err(std::io::Error::from)?;
+    let resolved = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    let canonical_root = std::fs::read_link(format!("/proc/self/fd/{}", root_dir.as_raw_fd()))?;
+    if !resolved.starts_with(&canonical_root) {
+        return Err(std::io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    Ok(resolved)
+}
+
 /// Opens `relative` inside `root` for reading, resolved as [`resolve_in_root`] does, without
 /// blocking (a FIFO opens at once; reading it then finds no data) and never as the
 /// controlling terminal.

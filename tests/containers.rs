@@ -370,6 +370,8 @@ async fn a_configured_drain_fails_an_exec_whose_output_stays_open() {
         err.message().contains("failed to drain exec process"),
         "{err:?}"
     );
+    // Not the command's own timeout: it ended in time.
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",

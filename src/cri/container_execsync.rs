@@ -100,8 +100,10 @@ impl CriService {
         self.delete_exec_process_later(id, exec_id.clone());
         let exit_code = result?;
         if !drained && configured.is_some() {
-            // containerd's CRI words it so; kubelet and tools match the words.
-            return Err(Status::deadline_exceeded(format!(
+            // containerd's CRI words it so; kubelet and tools match the words. Not
+            // DEADLINE_EXCEEDED: the command ended in time, and clients (kubelet's CRI client
+            // among them) read that code as the command's own timeout.
+            return Err(Status::failed_precondition(format!(
                 "failed to drain exec process {exec_id:?} io in {drain:?} because io is still \
                  held by other processes (a background child of {cmd:?} keeps its output open)"
             )));

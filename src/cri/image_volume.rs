@@ -232,7 +232,7 @@ async fn sub_path(target: &Path, sub: &str, reference: &str) -> Result<PathBuf, 
     let root = target.to_path_buf();
     let resolved = tokio::task::spawn_blocking(move || {
         let path =
-            crate::fsutil::resolve_in_root(&root, Path::new(&sub)).map_err(|e| (sub.clone(), e))?;
+            crate::fsutil::resolve_beneath(&root, Path::new(&sub)).map_err(|e| (sub.clone(), e))?;
         let is_dir = std::fs::symlink_metadata(&path)
             .map_err(|e| (sub.clone(), e))?
             .is_dir();
@@ -242,12 +242,16 @@ async fn sub_path(target: &Path, sub: &str, reference: &str) -> Result<PathBuf, 
     .map_err(|e| Status::internal(format!("resolving the image sub path: {e}")))?;
     match resolved {
         Ok((path, true, _)) => Ok(path),
+        // containerd's CRI's words, which its tests and tools match.
         Ok((_, false, sub)) => Err(Status::invalid_argument(format!(
-            "image sub path {sub:?} of {reference:?} is not a directory: only directories can \
-             be mounted"
+            "image sub path {sub:?} of {reference:?} is not a directory: only directory \
+             subpath is supported"
         ))),
         Err((sub, e)) if e.kind() == std::io::ErrorKind::NotFound => Err(Status::not_found(
-            format!("image sub path {sub:?} does not exist in {reference:?}"),
+            format!("image sub path {sub:?} of {reference:?}: no such file or directory"),
+        )),
+        Err((sub, e)) if e.raw_os_error() == Some(libc::EXDEV) => Err(Status::invalid_argument(
+            format!("image sub path {sub:?} of {reference:?}: path escapes from parent"),
         )),
         Err((sub, e)) => Err(Status::invalid_argument(format!(
             "image sub path {sub:?} of {reference:?}: {e}"
@@ -408,11 +412,29 @@ mod tests {
             sub_path(&root, "data/dir", "img").await.unwrap(),
             root.join("data/dir")
         );
-        // `/` inside the image is the image's root, not the host's.
-        assert_eq!(sub_path(&root, "data/escape", "img").await.unwrap(), root);
+        std::os::unix::fs::symlink("dir", root.join("data/inside")).unwrap();
+        assert_eq!(
+            sub_path(&root, "data/inside", "img").await.unwrap(),
+            root.join("data/dir")
+        );
+        // What would leave the image is refused, in containerd's words: an absolute path,
+        // a `..` above it, an absolute symlink.
+        for escaping in ["/data", "data/../..", "data/escape"] {
+            let err = sub_path(&root, escaping, "img").await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{escaping}");
+            assert!(
+                err.message().contains("path escapes from parent"),
+                "{err:?}"
+            );
+        }
         let file = sub_path(&root, "data/file", "img").await.unwrap_err();
         assert_eq!(file.code(), Code::InvalidArgument);
+        assert!(
+            file.message()
+                .contains("only directory subpath is supported")
+        );
         let missing = sub_path(&root, "nope", "img").await.unwrap_err();
         assert_eq!(missing.code(), Code::NotFound);
+        assert!(missing.message().contains("no such file or directory"));
     }
 }
