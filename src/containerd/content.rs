@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
-    StatSnapshotRequest, UsageRequest, ViewSnapshotRequest,
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+    UsageRequest, ViewSnapshotRequest,
 };
 use containerd_client::services::v1::{
     AbortRequest, ApplyRequest, CreateImageRequest, DeleteContentRequest, DeleteImageRequest,
@@ -478,15 +478,7 @@ impl Containerd {
             .await
         {
             Err(e) if e.code() == Some(Code::AlreadyExists) => {
-                let resp = self
-                    .snapshots()
-                    .mounts(MountsRequest {
-                        snapshotter: snapshotter.to_string(),
-                        key: key.to_string(),
-                    })
-                    .await
-                    .map_err(ContainerdError::rpc("snapshot mounts"))?;
-                Ok(resp.into_inner().mounts)
+                self.snapshot_mounts(snapshotter, key).await
             }
             other => other,
         }
@@ -516,15 +508,7 @@ impl Containerd {
         match viewed {
             Ok(resp) => Ok(resp.into_inner().mounts),
             Err(status) if status.code() == Code::AlreadyExists => {
-                let resp = self
-                    .snapshots()
-                    .mounts(MountsRequest {
-                        snapshotter: snapshotter.to_string(),
-                        key: key.to_string(),
-                    })
-                    .await
-                    .map_err(ContainerdError::rpc("snapshot mounts"))?;
-                Ok(resp.into_inner().mounts)
+                self.snapshot_mounts(snapshotter, key).await
             }
             Err(status) => Err(ContainerdError::Rpc {
                 op: "view snapshot",
