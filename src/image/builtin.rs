@@ -221,7 +221,7 @@ async fn import(
         .await
         .map_err(write_error)?;
     // The built-in pause image is the sandbox image: pinned, as containerd's CRI pins it.
-    let labels = super::pull::record_labels(true);
+    let labels = super::labels::record_labels(true);
     for name in names {
         containerd
             .put_image(name, to_containerd(&docs.manifest_desc), labels.clone())

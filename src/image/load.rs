@@ -167,15 +167,12 @@ pub async fn ensure_unpacked(
     Ok(())
 }
 
-/// The label containerd's CRI marks pinned images with (kubelet never collects them).
-pub const PINNED_LABEL: &str = "io.cri-containerd.pinned";
-
 impl Image {
     /// Counts the record's name as pinned when its labels say so.
     fn with_pinned_label(mut self, record: &ImageRecord) -> Self {
         if record
             .labels
-            .get(PINNED_LABEL)
+            .get(super::labels::PINNED_LABEL)
             .is_some_and(|v| v == "pinned")
         {
             self.pinned_references.insert(record.name.clone());
@@ -208,7 +205,7 @@ pub async fn sync_record(
 fn is_managed(record: &ImageRecord) -> bool {
     record
         .labels
-        .get(super::pull::MANAGED_LABEL)
+        .get(super::labels::MANAGED_LABEL)
         .is_some_and(|v| v == "managed")
 }
 
@@ -233,7 +230,7 @@ async fn adopt(
     let Some(target) = current.target.clone().filter(|_| !is_managed(&current)) else {
         return Ok(());
     };
-    let labels = super::pull::record_labels(store.is_pinned_name(&record.name));
+    let labels = super::labels::record_labels(store.is_pinned_name(&record.name));
     containerd
         .put_image(&image.id, target.clone(), labels.clone())
         .await?;

@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod builtin;
 pub mod hosts;
+pub mod labels;
 pub mod load;
 pub mod manifest;
 mod pull;

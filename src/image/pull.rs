@@ -36,17 +36,8 @@ use crate::containerd::{Containerd, ContainerdError};
 use crate::store::{Image, ImageStore};
 
 /// The label that marks images crius manages, as containerd's CRI does.
-pub const MANAGED_LABEL: &str = "io.cri-containerd.image";
-
-/// The labels containerd's CRI gives the records of an image it keeps: managed, and pinned
-/// when the name asked for is a pinned one (the sandbox image).
-pub fn record_labels(pinned: bool) -> HashMap<String, String> {
-    let mut labels = HashMap::from([(MANAGED_LABEL.to_string(), "managed".to_string())]);
-    if pinned {
-        labels.insert(super::load::PINNED_LABEL.to_string(), "pinned".to_string());
-    }
-    labels
-}
+pub use super::labels::MANAGED_LABEL;
+use super::labels::{PINNED_LABEL, record_labels};
 /// A pull's lease expires by itself after this, should crius die mid-pull.
 /// The most layers an image may have: overlayfs stacks no more (a manifest of 8 MiB could
 /// name some 90 thousand, each a download task).
@@ -663,7 +654,7 @@ impl ImagePuller {
             config: docs.config.clone(),
         }
         .into_image(names);
-        let image = if labels.contains_key(super::load::PINNED_LABEL) {
+        let image = if labels.contains_key(PINNED_LABEL) {
             Image {
                 pinned_references: image.references.clone(),
                 ..image
