@@ -143,6 +143,12 @@ pub struct Config {
     pub restrict_oom_score_adj: RestrictOomScoreAdj,
     #[serde(with = "duration_str")]
     pub stats_collect_period: Duration,
+    /// How often every running container's and pod cgroup's CPU time is sampled in the
+    /// background, so that `UsageNanoCores` is there on a first stats call and spans one
+    /// period (containerd 2.3's runtime-side `stats_collect_period`). Zero: no sampling;
+    /// the rate is then between one stats call and the one before it.
+    #[serde(with = "duration_str")]
+    pub cpu_sample_period: Duration,
     /// Do not give containers the volumes their image declares (`VOLUME`).
     pub ignore_image_defined_volumes: bool,
     /// Container log lines longer than this are split into partial entries; zero or less
@@ -185,6 +191,7 @@ impl Default for Config {
             state: PathBuf::from("/run/crius"),
             restrict_oom_score_adj: RestrictOomScoreAdj::Auto,
             stats_collect_period: Duration::from_secs(10),
+            cpu_sample_period: Duration::from_secs(1),
             ignore_image_defined_volumes: false,
             max_container_log_line_size: 16 * 1024,
             drain_exec_sync_io_timeout: None,
@@ -761,6 +768,9 @@ state = "/run/crius"
 restrict_oom_score_adj = "auto"
 # How often container and snapshot usage is collected.
 stats_collect_period = "10s"
+# How often each container's CPU time is sampled for its rate (UsageNanoCores); "0s": only
+# when stats are asked for.
+cpu_sample_period = "1s"
 # Give containers no volumes for the paths their image declares (VOLUME).
 ignore_image_defined_volumes = false
 # Container log lines longer than this many bytes are split into partial entries; 0 or less
@@ -1060,7 +1070,7 @@ mod fuzz {
         fn any_value_of_a_known_key_loads_or_fails_cleanly(
             key in prop::sample::select(vec![
                 "root", "state", "restrict_oom_score_adj", "stats_collect_period",
-                "max_container_log_line_size", "ignore_image_defined_volumes",
+                "cpu_sample_period", "max_container_log_line_size", "ignore_image_defined_volumes",
             ]),
             value in "\\PC{0,30}",
         ) {

@@ -148,13 +148,24 @@ async fn hostname_is_in_the_environment_as_in_etc_hostname() {
     let (out, _) = sh(&mut named, &id, "echo $HOSTNAME; cat /etc/hostname").await;
     assert_eq!(out, "named-host\nnamed-host\n");
     let mut config = container("own", "busybox:latest", &["sleep", "1000"]);
-    config.envs = vec![KeyValue {
-        key: "HOSTNAME".into(),
-        value: "chosen".into(),
-    }];
+    config.envs = vec![
+        KeyValue {
+            key: "HOSTNAME".into(),
+            value: "chosen".into(),
+        },
+        // Env values are bytes in the CRI: one that is not UTF-8 keeps its good bytes and
+        // each bad one becomes U+FFFD, as in containerd's JSON spec.
+        KeyValue {
+            key: "RAW".into(),
+            value: b"a\xffb\xe2\x82".to_vec(),
+        },
+    ];
     let own = named.run(config).await;
-    let (out, _) = sh(&mut named, &own, "echo $HOSTNAME").await;
-    assert_eq!(out, "chosen\n", "the config's HOSTNAME wins");
+    let (out, _) = sh(&mut named, &own, "echo $HOSTNAME; echo \"$RAW\"").await;
+    assert_eq!(
+        out, "chosen\na\u{fffd}b\u{fffd}\u{fffd}\n",
+        "the config's HOSTNAME wins"
+    );
     named.remove_pod().await;
 
     // A host-network pod without a hostname has the node's.

@@ -30,7 +30,8 @@ async fn stats(pod: &mut Pod, id: &str) -> ContainerStats {
 
 #[tokio::test]
 async fn a_busy_container_uses_cpu_and_a_filled_one_memory() {
-    let crius = Crius::start().await;
+    // No background sampling: the CPU rate comes from two stats calls.
+    let crius = Crius::start_with(|c| c.cpu_sample_period = Duration::ZERO, &[]).await;
     let mut pod = pod(&crius, "stats-cpu").await;
     let busy = pod
         .run(container(
@@ -420,17 +421,23 @@ async fn a_pod_with_its_own_cgroup_reports_that_cgroup() {
             .and_then(|s| s.linux)
             .expect("linux stats")
     };
-    sample(pod.client.clone(), pod.id.clone()).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The background sampler (every second by default) has two samples of the pod's
+    // cgroup and of its container by now: the first stats calls already carry rates.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let linux = sample(pod.client.clone(), pod.id.clone()).await;
-    let cores = linux
-        .cpu
-        .and_then(|c| c.usage_nano_cores)
-        .map(|v| v.value)
-        .unwrap_or(0);
+    let rate = |cpu: Option<&crius::api::v1::CpuUsage>| {
+        cpu.and_then(|c| c.usage_nano_cores.as_ref())
+            .map_or(0, |v| v.value)
+    };
+    let cores = rate(linux.cpu.as_ref());
     assert!(
         cores > 100_000_000,
         "the pod cgroup includes its busy container (the suite shares the cores): {cores}"
+    );
+    let container_cores = rate(linux.containers.first().and_then(|c| c.cpu.as_ref()));
+    assert!(
+        container_cores > 100_000_000,
+        "the busy container's rate on the first call: {container_cores}"
     );
     assert!(
         linux

@@ -9,7 +9,6 @@
 
 use std::collections::HashSet;
 use std::hash::Hash;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -285,9 +284,12 @@ impl CriService {
         Some(CpuUsage {
             timestamp: now,
             usage_core_nano_seconds: value(total),
+            // The rate over the last background period, as containerd 2.3 reports it;
+            // without one yet, the rate since the previous stats call.
             usage_nano_cores: self
-                .cpu_rates
-                .sample(id, now, total)
+                .sampled_cpu
+                .latest(id)
+                .or_else(|| self.cpu_rates.sample(id, now, total))
                 .map(|v| UInt64Value { value: v }),
             psi: usage.cpu_pressure.as_ref().map(psi_stats),
         })
@@ -330,18 +332,10 @@ impl CriService {
     fn pod_reads(&self, sandbox: &Arc<Sandbox>) -> PodReads {
         let metadata = sandbox.metadata();
         let containers = self.containers.in_sandbox(&metadata.id);
-        let has_parent = metadata
-            .config
-            .linux
-            .as_ref()
-            .is_some_and(|l| !l.cgroup_parent.is_empty());
         let totals = if metadata.cgroups_path.is_empty() {
             None
-        } else if has_parent {
-            // The pod's own cgroup, absolute from the hierarchy's root: a spec path of its
-            // own, so it is sampled like the others.
-            let pod_cgroup: PathBuf = parent_of(&metadata.cgroups_path);
-            Some(Totals::PodCgroup(pod_cgroup.to_string_lossy().into_owned()))
+        } else if let Some(path) = pod_cgroup(&metadata) {
+            Some(Totals::PodCgroup(path))
         } else {
             // No pod cgroup: the pause container plus every running container.
             Some(Totals::PausePlusContainers(metadata.cgroups_path.clone()))
@@ -412,6 +406,61 @@ impl CriService {
             }),
             windows: None,
         }
+    }
+
+    /// Every `period`, samples the CPU time of each running container and of each ready
+    /// pod's own cgroup (pods without one get their rate from stats calls).
+    pub(crate) async fn run_cpu_sampler(&self, period: Duration, cancel: CancellationToken) {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            self.sample_cpu().await;
+        }
+    }
+
+    async fn sample_cpu(&self) {
+        let Some(layout) = self.cgroups.clone() else {
+            return;
+        };
+        let containers = self
+            .containers
+            .list()
+            .into_iter()
+            .filter(|c| c.status().state == ContainerState::Running)
+            .filter(|c| !c.metadata.cgroups_path.is_empty())
+            .map(|c| (c.id().to_string(), c.metadata.cgroups_path.clone()));
+        let pods = self
+            .sandboxes
+            .list()
+            .into_iter()
+            .filter(|s| s.status().state == SandboxState::Ready)
+            .filter_map(|s| {
+                let metadata = s.metadata();
+                pod_cgroup(&metadata).map(|path| (metadata.id.clone(), path))
+            });
+        let targets: Vec<(String, String)> = containers.chain(pods).collect();
+        let read = tokio::task::spawn_blocking(move || {
+            targets
+                .into_iter()
+                .filter_map(|(id, path)| {
+                    let usage = layout.read_cpu(&path)?;
+                    Some((id, unix_nanos(SystemTime::now()), usage))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let Ok(samples) = read else {
+            return;
+        };
+        let live: HashSet<String> = samples.iter().map(|(id, _, _)| id.clone()).collect();
+        for (id, at, usage) in samples {
+            self.sampled_cpu.sample(&id, at, usage);
+        }
+        self.sampled_cpu.retain(&live);
     }
 
     /// Every stats collect period, measures each container's writable layer.
@@ -558,6 +607,21 @@ impl PodReads {
 }
 
 /// Running containers' cgroups (`None`: nothing to read).
+/// The pod's own cgroup (when it has a cgroup parent), absolute from the hierarchy's root:
+/// a spec path of its own, so it is sampled like the containers'.
+fn pod_cgroup(metadata: &crate::store::SandboxMetadata) -> Option<String> {
+    let has_parent = metadata
+        .config
+        .linux
+        .as_ref()
+        .is_some_and(|l| !l.cgroup_parent.is_empty());
+    (has_parent && !metadata.cgroups_path.is_empty()).then(|| {
+        parent_of(&metadata.cgroups_path)
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
 fn container_paths(containers: &[Arc<Container>]) -> Vec<Option<String>> {
     containers
         .iter()

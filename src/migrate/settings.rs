@@ -18,7 +18,8 @@ const RUNTIME_RULES: &[Rule] = &[
     Rule {
         key: "stats_retention_period",
         neutral: is_empty,
-        reason: "crius keeps no history of stats samples: each read is of now",
+        reason: "crius keeps only the last two CPU samples of each container: the rate \
+                 between them is the one reported",
     },
     Rule {
         key: "enable_criu",
@@ -190,7 +191,7 @@ pub(super) fn runtime_settings(sec: &mut Section<'_>, layout: Layout, ctx: &mut 
         ctx.config.ignore_image_defined_volumes = b;
     }
     drain_exec_sync_io_timeout(sec, ctx);
-    stats_collect_period(sec, ctx);
+    cpu_sample_period(sec, ctx);
     oom_score_adj(sec, ctx);
     cdi(sec, ctx);
     sec.unsupported(RUNTIME_RULES, &mut ctx.report);
@@ -205,9 +206,10 @@ pub(super) fn runtime_settings(sec: &mut Section<'_>, layout: Layout, ctx: &mut 
 }
 
 /// containerd 2.3's runtime-side `stats_collect_period`, a duration ("" keeps the default):
-/// how often usage is read. (The image side's, in seconds, is read with the downloads; a
-/// version 2 file has only that one, in the same table.)
-fn stats_collect_period(sec: &mut Section<'_>, ctx: &mut Ctx) {
+/// how often CPU time is sampled for `UsageNanoCores`, crius's `cpu_sample_period`. (The
+/// image side's, in seconds, is how often snapshots are measured, read with the downloads;
+/// a version 2 file has only that one, in the same table.)
+fn cpu_sample_period(sec: &mut Section<'_>, ctx: &mut Ctx) {
     const KEY: &str = "stats_collect_period";
     if !sec.peek(KEY).is_some_and(Value::is_str) {
         return;
@@ -217,7 +219,7 @@ fn stats_collect_period(sec: &mut Section<'_>, ctx: &mut Ctx) {
     };
     match parse_go_duration(&text) {
         _ if text.is_empty() => {}
-        Some(d) if !d.is_zero() => ctx.config.stats_collect_period = d,
+        Some(d) if !d.is_zero() => ctx.config.cpu_sample_period = d,
         _ => ctx.report.note(
             sec.key(KEY),
             format!("{text:?} is not a positive duration; crius's default is kept"),

@@ -166,7 +166,8 @@ fn v4_server_plugin_address_and_stats_period() {
         m.config.containerd.address,
         PathBuf::from("/run/ctrd/containerd.sock")
     );
-    assert_eq!(m.config.stats_collect_period, Duration::from_secs(5));
+    assert_eq!(m.config.cpu_sample_period, Duration::from_secs(5));
+    assert_eq!(m.config.stats_collect_period, Duration::from_secs(10));
     assert!(reason(&m, &format!("{V3_RUNTIME}.enable_criu")).contains("CRIU"));
 }
 

@@ -188,7 +188,8 @@ pub fn join_user_namespace(
     Ok(())
 }
 
-/// Replaces a sysfs mount at /sys by a read-only bind of the host's /sys.
+/// Replaces a sysfs mount at /sys by a recursively read-only bind of the host's /sys: a
+/// user namespace that does not own the network namespace cannot mount a sysfs of it.
 fn bind_host_sysfs(spec: &mut Spec) -> Result<(), SpecError> {
     let Some(mounts) = spec.mounts_mut() else {
         return Ok(());
@@ -199,7 +200,7 @@ fn bind_host_sysfs(spec: &mut Spec) -> Result<(), SpecError> {
                 "/sys",
                 "bind",
                 "/sys",
-                &["rbind", "nosuid", "nodev", "noexec", "ro"],
+                &["rbind", "rro", "nosuid", "nodev", "noexec", "ro"],
             )?;
         }
     }

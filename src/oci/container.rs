@@ -497,6 +497,18 @@ pub fn container_spec(input: &ContainerSpecInput<'_>) -> Result<Spec, SpecError>
     Ok(spec)
 }
 
+/// An env value as the OCI spec can hold it. Values are bytes in the CRI; the spec is JSON,
+/// whose strings are UTF-8: as containerd's Go JSON encoder does, each byte that is not
+/// part of valid UTF-8 becomes U+FFFD and the rest is kept.
+fn env_value(bytes: &[u8]) -> String {
+    let mut value = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        value.push_str(chunk.valid());
+        value.extend(chunk.invalid().iter().map(|_| char::REPLACEMENT_CHARACTER));
+    }
+    value
+}
+
 /// The container's process: command, environment, working dir, user, capabilities (with
 /// ambient ones), no_new_privs, OOM score and AppArmor. Returns the permitted capabilities
 /// too, which the seccomp profile depends on.
@@ -509,13 +521,7 @@ fn container_process(
     let cri_env: Vec<(String, String)> = config
         .envs
         .iter()
-        // Env values are bytes in the CRI; the OCI spec holds strings, as Go's JSON does.
-        .map(|kv| {
-            (
-                kv.key.clone(),
-                String::from_utf8_lossy(&kv.value).into_owned(),
-            )
-        })
+        .map(|kv| (kv.key.clone(), env_value(&kv.value)))
         .collect();
     let image_env = input.image.env.clone().unwrap_or_default();
     check_image_env(&image_env)?;
@@ -897,6 +903,17 @@ mod tests {
         let err = check_image_env(&["PATH=/bin".into(), huge]).expect_err("huge");
         assert!(err.to_string().contains("\"BIG\""), "{err}");
         assert!(check_image_env(&["A=b\0c".into()]).is_err());
+    }
+
+    #[test]
+    fn env_values_that_are_not_utf8_lose_only_their_bad_bytes() {
+        assert_eq!(env_value(b"plain"), "plain");
+        assert_eq!(env_value("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        // One replacement per bad byte, as Go's JSON encoder writes them: a lone high
+        // byte, a truncated three-byte sequence, an overlong encoding.
+        assert_eq!(env_value(b"a\xffb"), "a\u{fffd}b");
+        assert_eq!(env_value(b"\xe2\x82z"), "\u{fffd}\u{fffd}z");
+        assert_eq!(env_value(b"\xc0\xaf"), "\u{fffd}\u{fffd}");
     }
 
     #[test]

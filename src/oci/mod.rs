@@ -555,6 +555,14 @@ mod tests {
         }
         let spec = sandbox_spec(&input).unwrap();
         assert_eq!(sys(&spec).as_deref(), Some("bind"));
+        let options = spec
+            .mounts()
+            .iter()
+            .flatten()
+            .find(|m| m.destination() == std::path::Path::new("/sys"))
+            .and_then(|m| m.options().clone())
+            .unwrap_or_default();
+        assert!(options.iter().any(|o| o == "rro"), "{options:?}");
     }
 
     #[test]

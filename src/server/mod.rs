@@ -324,6 +324,16 @@ impl CriService {
             ("snapshot usage syncer", Ok(()))
         });
 
+        if !self.config.cpu_sample_period.is_zero() {
+            let service = self.clone();
+            tasks.spawn(async move {
+                service
+                    .run_cpu_sampler(service.config.cpu_sample_period, service.shutdown.clone())
+                    .await;
+                ("CPU sampler", Ok(()))
+            });
+        }
+
         let service = self.clone();
         tasks.spawn(async move {
             service

@@ -71,6 +71,8 @@ pub struct ServiceState {
     pub cgroups: Option<crate::stats::CgroupLayout>,
     /// The previous CPU sample of each container and pod, for CPU rates.
     pub cpu_rates: crate::stats::CpuRates,
+    /// The background CPU samples of each running container and pod cgroup.
+    pub sampled_cpu: crate::stats::CpuRates,
     /// Cgroup usage as last read, reused for a second.
     pub cgroup_samples: Arc<crate::stats::CgroupSamples>,
     /// Pods' network counters as last read, reused for a second.
@@ -249,6 +251,7 @@ impl CriService {
             stream_requests,
             cgroups: host.cgroups,
             cpu_rates: Default::default(),
+            sampled_cpu: Default::default(),
             cgroup_samples: Default::default(),
             network_samples: Default::default(),
             layer_usages: Default::default(),

@@ -43,6 +43,12 @@ impl CpuRates {
         rate
     }
 
+    /// The rate the last sample of `id` gave, if it gave one.
+    pub fn latest(&self, id: &str) -> Option<u64> {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        samples.get(id).and_then(|(_, _, rate)| *rate)
+    }
+
     /// Drops samples of IDs not in `live`.
     pub fn retain(&self, live: &HashSet<String>) {
         self.samples
@@ -208,7 +214,10 @@ mod tests {
             Some(500_000_000)
         );
         assert_eq!(rates.sample("c", 1_500_000_000, 900_000_000), None);
+        assert_eq!(rates.latest("c"), Some(500_000_000));
+        assert_eq!(rates.latest("other"), None);
         rates.retain(&HashSet::new());
+        assert_eq!(rates.latest("c"), None);
         assert_eq!(rates.sample("c", 3_000_000_000, 600_000_000), None);
     }
 
