@@ -284,6 +284,8 @@ pub struct RuntimeConfig {
     pub privileged_without_host_devices: bool,
     /// Every exec goes to the OCI runtime (`runc exec`), never crius's shim's own exec.
     pub exec_with_runtime: bool,
+    /// The snapshotter this handler's pods and their images use; empty: `containerd.snapshotter`.
+    pub snapshotter: String,
 }
 
 impl Default for RuntimeConfig {
@@ -295,6 +297,7 @@ impl Default for RuntimeConfig {
             container_annotations: Vec::new(),
             privileged_without_host_devices: false,
             exec_with_runtime: false,
+            snapshotter: String::new(),
         }
     }
 }
@@ -747,6 +750,27 @@ impl Config {
         self.containerd.runtimes.get(name)
     }
 
+    /// The snapshotter of runtime handler `name` ("" the default handler): its own, else
+    /// `containerd.snapshotter`; also for a handler that is not configured, as containerd
+    /// pulls for one.
+    pub fn snapshotter_for(&self, name: &str) -> &str {
+        self.runtime(name)
+            .map(|r| r.snapshotter.as_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(&self.containerd.snapshotter)
+    }
+
+    /// Every snapshotter some handler uses, the default first.
+    pub fn snapshotters(&self) -> Vec<&str> {
+        let mut all = vec![self.containerd.snapshotter.as_str()];
+        for runtime in self.containerd.runtimes.values() {
+            if !runtime.snapshotter.is_empty() && !all.contains(&runtime.snapshotter.as_str()) {
+                all.push(&runtime.snapshotter);
+            }
+        }
+        all
+    }
+
     /// containerd's convention for a snapshotter's directory.
     pub fn image_fs_path(&self) -> PathBuf {
         self.containerd.root.join(format!(
@@ -811,6 +835,9 @@ privileged_without_host_devices = false
 # Run every exec with `runc exec` rather than the shim's own exec (which it uses for execs
 # that ask nothing only runc does).
 exec_with_runtime = false
+# The snapshotter of this handler's pods and of the images pulled for it (PullImage with
+# this runtime handler); "": containerd.snapshotter.
+snapshotter = ""
 # runc shim options; BinaryName selects another OCI runtime such as crun.
 options = { BinaryName = "", Root = "", SystemdCgroup = false, NoPivotRoot = false, NoNewKeyring = false, ShimCgroup = "", IoUid = 0, IoGid = 0, CriuImagePath = "", CriuWorkPath = "" }
 
@@ -822,6 +849,7 @@ pod_annotations = []
 container_annotations = []
 privileged_without_host_devices = false
 exec_with_runtime = false
+snapshotter = ""
 options = { BinaryName = "", Root = "", SystemdCgroup = false, NoPivotRoot = false, NoNewKeyring = false, ShimCgroup = "", IoUid = 0, IoGid = 0, CriuImagePath = "", CriuWorkPath = "" }
 
 [cni]

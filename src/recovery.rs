@@ -386,14 +386,13 @@ async fn delete_record(service: &CriService, id: &str) {
     remove_snapshot(service, id).await;
 }
 
-/// Removes the snapshot crius prepared under `id`, if it is still there.
+/// Removes the snapshot crius prepared under `id`, if it is still there, in whichever
+/// configured snapshotter it is: what recorded its snapshotter may be gone.
 async fn remove_snapshot(service: &CriService, id: &str) {
-    if let Err(e) = service
-        .containerd
-        .remove_snapshot(&service.config.containerd.snapshotter, id)
-        .await
-    {
-        tracing::warn!(id, error = %e, "removing a leftover snapshot failed");
+    for snapshotter in service.config.snapshotters() {
+        if let Err(e) = service.containerd.remove_snapshot(snapshotter, id).await {
+            tracing::warn!(id, snapshotter, error = %e, "removing a leftover snapshot failed");
+        }
     }
 }
 

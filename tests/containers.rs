@@ -976,6 +976,103 @@ async fn a_pod_whose_handler_is_gone_refuses_containers_and_holds_no_name() {
     }
 }
 
+/// The keys of the snapshots of `snapshotter` in this crius's containerd namespace.
+fn snapshot_keys(crius: &Crius, snapshotter: &str) -> Vec<String> {
+    crius
+        .ctr(&["snapshots", "--snapshotter", snapshotter, "ls"])
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// A handler with a snapshotter of its own (containerd's `runtimes.<name>.snapshotter`):
+/// PullImage naming the handler unpacks into it, and the handler's pods and containers have
+/// their rootfs there, removed with them.
+#[tokio::test]
+async fn a_handler_with_its_own_snapshotter_pulls_and_runs_there() {
+    use crius::api::v1::{ImageSpec, ImageStatusRequest, PullImageRequest};
+    let crius = Crius::start_with(
+        |config| {
+            // containerd's Go shim: the pod has a pause container (and its rootfs).
+            let mut native = config.containerd.runtimes["containerd-runc"].clone();
+            native.snapshotter = "native".to_string();
+            config
+                .containerd
+                .runtimes
+                .insert("native".to_string(), native);
+        },
+        &[],
+    )
+    .await;
+    let mut client = crius.client().await;
+    let image_ref = client
+        .image
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: image("busybox:latest"),
+                runtime_handler: "native".to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("pull for the native handler")
+        .into_inner()
+        .image_ref;
+    let info = client
+        .image
+        .image_status(ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: image_ref,
+                ..Default::default()
+            }),
+            verbose: true,
+        })
+        .await
+        .expect("ImageStatus")
+        .into_inner()
+        .info;
+    let details: serde_json::Value = serde_json::from_str(&info["info"]).expect("json");
+    let chain_id = details["chainID"].as_str().expect("chainID").to_string();
+    assert!(
+        snapshot_keys(&crius, "native").contains(&chain_id),
+        "the image's layers are in the handler's snapshotter"
+    );
+    assert!(
+        !snapshot_keys(&crius, "overlayfs").contains(&chain_id),
+        "and only there"
+    );
+
+    let mut pod = pod_on(&crius, host_network_pod_config("native-snap"), "native").await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    let (out, _, code) = pod
+        .exec(&id, &["cat", "/bin/busybox"], 10)
+        .await
+        .expect("exec");
+    assert_eq!(code, 0);
+    assert!(!out.is_empty());
+    let native = snapshot_keys(&crius, "native");
+    assert!(
+        native.contains(&pod.id) && native.contains(&id),
+        "the pause and app rootfs are native snapshots: {native:?}"
+    );
+    let overlay = snapshot_keys(&crius, "overlayfs");
+    assert!(
+        !overlay.contains(&pod.id) && !overlay.contains(&id),
+        "{overlay:?}"
+    );
+    let pod_id = pod.id.clone();
+    pod.remove_pod().await;
+    let native = snapshot_keys(&crius, "native");
+    assert!(
+        !native.contains(&pod_id) && !native.contains(&id),
+        "removed with the pod: {native:?}"
+    );
+}
+
 /// CreateContainer's status file is the mark that the creation finished (start-up undoes a
 /// container without one): a creation that cannot write it fails and leaves nothing, rather
 /// than succeed and lose the container at crius's next start.

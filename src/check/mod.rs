@@ -169,26 +169,25 @@ async fn check_containerd(config: &Config) -> Vec<Finding> {
         "containerd",
         format!("reachable at {}, version {version}", address.display()),
     )];
-    let snapshotter = &config.containerd.snapshotter;
-    let served = match tokio::time::timeout(
-        PROBE_TIMEOUT,
-        containerd.check_snapshotter(snapshotter),
-    )
-    .await
-    {
-        Ok(checked) => checked.map_err(|e| e.to_string()),
-        Err(_) => Err("listing containerd's plugins timed out".to_string()),
-    };
-    findings.push(match served {
-        Ok(()) => Finding::pass("snapshotter", format!("containerd serves {snapshotter:?}")),
-        Err(reason) => Finding::fail(
-            "snapshotter",
-            reason,
-            format!(
-                "enable the {snapshotter} snapshotter in containerd's config, or set containerd.snapshotter to one it serves"
+    for snapshotter in config.snapshotters() {
+        let served =
+            match tokio::time::timeout(PROBE_TIMEOUT, containerd.check_snapshotter(snapshotter))
+                .await
+            {
+                Ok(checked) => checked.map_err(|e| e.to_string()),
+                Err(_) => Err("listing containerd's plugins timed out".to_string()),
+            };
+        findings.push(match served {
+            Ok(()) => Finding::pass("snapshotter", format!("containerd serves {snapshotter:?}")),
+            Err(reason) => Finding::fail(
+                "snapshotter",
+                reason,
+                format!(
+                    "enable the {snapshotter} snapshotter in containerd's config, or set containerd.snapshotter (or the handler's snapshotter) to one it serves"
+                ),
             ),
-        ),
-    });
+        });
+    }
     findings
 }
 

@@ -98,6 +98,16 @@ impl CriService {
         self.config.root.join("containers").join(id)
     }
 
+    /// The snapshotter a sandbox or container recorded (`recorded`), or, for records from
+    /// before handlers had their own, `containerd.snapshotter`.
+    pub(crate) fn snapshotter_of<'a>(&'a self, recorded: &'a str) -> &'a str {
+        if recorded.is_empty() {
+            &self.config.containerd.snapshotter
+        } else {
+            recorded
+        }
+    }
+
     pub(crate) fn container_state_dir(&self, id: &str) -> PathBuf {
         self.config.state.join("containers").join(id)
     }
@@ -310,7 +320,10 @@ impl CriService {
     /// what is left.
     async fn remove_container_leftovers(&self, container: &Arc<Container>) -> Result<(), Status> {
         self.containerd
-            .remove_snapshot(&self.config.containerd.snapshotter, container.id())
+            .remove_snapshot(
+                self.snapshotter_of(&container.metadata.snapshotter),
+                container.id(),
+            )
             .await
             .map_err(internal)?;
         self.remove_container_files(container).await

@@ -99,7 +99,7 @@ impl CriService {
         let result = async {
             let images = make_private_dir(&staging.join("images"))?;
             let scratch = make_private_dir(&staging.join("scratch"))?;
-            let upper = self.writable_layer(&id).await;
+            let upper = self.writable_layer(container).await;
             let layer = self
                 .dump_paused(&id, &images, &staging, timeout, upper, scratch)
                 .await?;
@@ -224,10 +224,13 @@ impl CriService {
     }
 
     /// The container's writable layer (its overlay upper dir), if the snapshotter has one.
-    pub(crate) async fn writable_layer(&self, id: &str) -> Option<PathBuf> {
+    pub(crate) async fn writable_layer(&self, container: &Container) -> Option<PathBuf> {
         let mounts = self
             .containerd
-            .snapshot_mounts(&self.config.containerd.snapshotter, id)
+            .snapshot_mounts(
+                self.snapshotter_of(&container.metadata.snapshotter),
+                container.id(),
+            )
             .await
             .ok()?;
         mounts

@@ -239,7 +239,7 @@ impl CriService {
     async fn make_container(&self, undo: &mut Undo, new: &mut NewContainer) -> Result<(), Status> {
         // Image volumes stay mounted for the pod's other containers, also when this
         // creation fails; stopping the pod removes them.
-        self.mount_image_volumes(&new.sandbox.id, &mut new.config.mounts)
+        self.mount_image_volumes(&new.sandbox, &mut new.config.mounts)
             .await?;
         let (root_dir, state_dir) = self.make_container_dirs(undo, &new.id)?;
         let lease = self.creation_leases.take().await.map_err(internal)?;
@@ -287,6 +287,7 @@ impl CriService {
     async fn prepare_rootfs(
         &self,
         new: &NewContainer,
+        snapshotter: &str,
         pod_userns: Option<&PodUserns>,
         lease: &str,
     ) -> Result<Vec<Mount>, RootfsError> {
@@ -295,13 +296,7 @@ impl CriService {
             .await
             .map_err(RootfsError::Parent)?;
         self.containerd
-            .prepare_snapshot(
-                &self.config.containerd.snapshotter,
-                &new.id,
-                &parent,
-                HashMap::new(),
-                Some(lease),
-            )
+            .prepare_snapshot(snapshotter, &new.id, &parent, HashMap::new(), Some(lease))
             .await
             .map_err(RootfsError::Prepare)
     }
@@ -314,9 +309,12 @@ impl CriService {
         new: &NewContainer,
         lease: &str,
     ) -> Result<(ContainerMetadata, Box<[u8]>, Vec<Mount>), Status> {
-        let snapshotter = self.config.containerd.snapshotter.clone();
+        let snapshotter = self.snapshotter_of(&new.sandbox.snapshotter).to_string();
         let pod_userns = self.sandbox_user_namespace(&new.sandbox);
-        let mounts = match self.prepare_rootfs(new, pod_userns.as_ref(), lease).await {
+        let mounts = match self
+            .prepare_rootfs(new, &snapshotter, pod_userns.as_ref(), lease)
+            .await
+        {
             Err(e) if e.is_not_found() => {
                 // The image's layers are not in the snapshotter (pulled by another client
                 // without unpacking): unpack them, as containerd's CRI does, and try again.
@@ -333,7 +331,8 @@ impl CriService {
                         new.image.id
                     ))
                 })?;
-                self.prepare_rootfs(new, pod_userns.as_ref(), lease).await
+                self.prepare_rootfs(new, &snapshotter, pod_userns.as_ref(), lease)
+                    .await
             }
             other => other,
         }
@@ -614,6 +613,7 @@ fn container_metadata(
             .and_then(|l| l.cgroups_path().as_ref())
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
+        snapshotter: new.sandbox.snapshotter.clone(),
     }
 }
 

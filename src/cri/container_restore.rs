@@ -111,7 +111,7 @@ impl CriService {
             .and_then(|s| self.config.runtime(&s.metadata().runtime_handler).cloned())
             .ok_or_else(|| format!("the pod of container {id} has no runtime handler"))?;
         let upper = self
-            .writable_layer(id)
+            .writable_layer(container)
             .await
             .ok_or_else(|| format!("container {id} has no writable layer to restore into"))?;
         let dest = self.container_root_dir(id).join(RESTORE_DIR);

@@ -129,7 +129,7 @@ impl CriService {
                 Some(mounts) => mounts,
                 None => self
                     .containerd
-                    .snapshot_mounts(&self.config.containerd.snapshotter, id)
+                    .snapshot_mounts(self.snapshotter_of(&container.metadata.snapshotter), id)
                     .await
                     .map_err(|e| e.to_string())?,
             },

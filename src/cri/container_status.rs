@@ -102,7 +102,7 @@ impl CriService {
             "sandboxID": container.metadata.sandbox_id,
             "pid": container.status().pid,
             "snapshotKey": container.id(),
-            "snapshotter": self.config.containerd.snapshotter,
+            "snapshotter": self.snapshotter_of(&container.metadata.snapshotter),
             "runtimeType": record.as_ref().and_then(|r| r.runtime.as_ref()).map(|r| r.name.clone()),
             "config": container.metadata.config,
             "runtimeSpec": spec,

@@ -9,7 +9,8 @@ use crate::server::CriService;
 
 impl CriService {
     pub async fn pull_image(&self, req: PullImageRequest) -> Result<PullImageResponse, Status> {
-        let text = req.image.map(|spec| spec.image).unwrap_or_default();
+        let spec = req.image.unwrap_or_default();
+        let text = spec.image;
         if text.is_empty() {
             return Err(Status::invalid_argument("image to pull is required"));
         }
@@ -19,9 +20,16 @@ impl CriService {
             Some(auth) => request_credentials(&auth, &reference)?,
             None => None,
         };
+        let handler = pull_runtime_handler(&spec.runtime_handler, req.sandbox_config.as_ref());
+        let snapshotter = self.config.snapshotter_for(handler);
         let image = self
             .puller
-            .pull(&reference, credentials, crate::server::deadline::current())
+            .pull(
+                &reference,
+                credentials,
+                snapshotter,
+                crate::server::deadline::current(),
+            )
             .await
             .map_err(|failure| Status::new(failure.code, failure.message))?;
         // The puller has recorded the image in the store.
@@ -29,6 +37,24 @@ impl CriService {
             image_ref: image.id,
         })
     }
+}
+
+/// The pod annotation containerd's CRI read the runtime handler of a pull from before the
+/// CRI carried it in the image spec; it still reads it when the spec names none.
+const RUNTIME_HANDLER_ANNOTATION: &str = "io.containerd.cri.runtime-handler";
+
+/// The runtime handler a pull is for: the image spec's, else the pod's annotation, else
+/// none (the default handler).
+fn pull_runtime_handler<'a>(
+    spec_handler: &'a str,
+    sandbox: Option<&'a crate::api::v1::PodSandboxConfig>,
+) -> &'a str {
+    if !spec_handler.is_empty() {
+        return spec_handler;
+    }
+    sandbox
+        .and_then(|s| s.annotations.get(RUNTIME_HANDLER_ANNOTATION))
+        .map_or("", String::as_str)
 }
 
 /// The request's credentials, unless they name another registry than the image's.

@@ -17,7 +17,7 @@ use tonic::{Code, Status};
 
 use crate::api::v1::Mount;
 use crate::server::CriService;
-use crate::store::Image;
+use crate::store::{Image, SandboxMetadata};
 
 /// Under the state directory: one directory per pod, one mount point per image.
 const VOLUMES_DIR: &str = "image-volumes";
@@ -32,12 +32,17 @@ impl CriService {
     }
 
     /// Mounts every image volume among `mounts` (once per pod and image) and points each
-    /// one's `host_path` at what the container is to see.
+    /// one's `host_path` at what the container is to see. The images' snapshots are in the
+    /// pod's snapshotter, where PullImage for the pod's handler unpacked them.
     pub(crate) async fn mount_image_volumes(
         &self,
-        sandbox_id: &str,
+        sandbox: &SandboxMetadata,
         mounts: &mut [Mount],
     ) -> Result<(), Status> {
+        let (sandbox_id, snapshotter) = (
+            sandbox.id.as_str(),
+            self.snapshotter_of(&sandbox.snapshotter),
+        );
         if !mounts.iter().any(|m| m.image.is_some()) {
             return Ok(());
         }
@@ -45,14 +50,19 @@ impl CriService {
         // image share one mount, and a pod being stopped loses all of them.
         let _serialized = self.image_volume_lock.lock().await;
         for mount in mounts.iter_mut().filter(|m| m.image.is_some()) {
-            self.mount_image_volume(sandbox_id, mount)
+            self.mount_image_volume(sandbox_id, snapshotter, mount)
                 .await
                 .map_err(|s| Status::new(s.code(), format!("{MOUNT_FAILED}: {}", s.message())))?;
         }
         Ok(())
     }
 
-    async fn mount_image_volume(&self, sandbox_id: &str, mount: &mut Mount) -> Result<(), Status> {
+    async fn mount_image_volume(
+        &self,
+        sandbox_id: &str,
+        snapshotter: &str,
+        mount: &mut Mount,
+    ) -> Result<(), Status> {
         let reference = mount
             .image
             .as_ref()
@@ -68,7 +78,8 @@ impl CriService {
         let digest = self.volume_digest(&image).await;
         let target = self.image_volumes_dir(sandbox_id).join(hex(&digest));
         if !blocking(target.clone(), |t| crate::mount::is_mount_point(&t)).await? {
-            self.mount_image(sandbox_id, &image, &target).await?;
+            self.mount_image(sandbox_id, snapshotter, &image, &target)
+                .await?;
         }
         let host_path = if mount.image_sub_path.is_empty() {
             target
@@ -102,11 +113,11 @@ impl CriService {
     async fn mount_image(
         &self,
         sandbox_id: &str,
+        snapshotter: &str,
         image: &Image,
         target: &Path,
     ) -> Result<(), Status> {
         let lease = format!("{VOLUME_LEASE_PREFIX}{sandbox_id}");
-        let snapshotter = &self.config.containerd.snapshotter;
         self.containerd
             .ensure_lasting_lease(&lease)
             .await
@@ -168,11 +179,16 @@ impl CriService {
             })
             .await
             .map_err(|e| Status::new(e.code(), format!("image volume: {}", e.message())))?;
+            // In whichever snapshotter the pod had: the pod's record may be gone.
             let key = volume_snapshot_key(&target);
-            self.containerd
-                .remove_snapshot(&self.config.containerd.snapshotter, &key)
-                .await
-                .map_err(|e| Status::internal(format!("removing image volume snapshot: {e}")))?;
+            for snapshotter in self.config.snapshotters() {
+                self.containerd
+                    .remove_snapshot(snapshotter, &key)
+                    .await
+                    .map_err(|e| {
+                        Status::internal(format!("removing image volume snapshot: {e}"))
+                    })?;
+            }
         }
         match std::fs::remove_dir(&base) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

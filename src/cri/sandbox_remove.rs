@@ -50,7 +50,7 @@ impl CriService {
             .await
             .map_err(internal)?;
         self.containerd
-            .remove_snapshot(&self.config.containerd.snapshotter, &id)
+            .remove_snapshot(self.snapshotter_of(&sandbox.metadata().snapshotter), &id)
             .await
             .map_err(internal)?;
         self.remove_sandbox_dirs(&id)

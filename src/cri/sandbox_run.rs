@@ -152,7 +152,8 @@ impl CriService {
     ) -> Result<(), Status> {
         // Checked by the RPC before: here only read.
         let userns = crate::userns::pod_mappings(&config).ok().flatten();
-        let image = self.ensure_sandbox_image().await?;
+        let snapshotter = self.config.snapshotter_for(handler).to_string();
+        let image = self.ensure_sandbox_image(&snapshotter).await?;
         let shm_path = self.make_sandbox_files(undo, id, &config, userns)?;
         let netns_path = self
             .make_sandbox_namespaces(undo, id, &config, userns)
@@ -192,8 +193,8 @@ impl CriService {
             ),
             userns_rootfs_copy: copy_rootfs,
             held,
+            snapshotter: snapshotter.clone(),
         };
-        let snapshotter = self.config.containerd.snapshotter.clone();
         let rootfs = self
             .create_sandbox_container(undo, &metadata, &image, &spec, runtime, &snapshotter)
             .await?;
@@ -597,14 +598,18 @@ impl CriService {
             .map_err(|e| Status::internal(format!("failed to start the sandbox task: {e}")))
     }
 
-    pub(crate) async fn ensure_sandbox_image(&self) -> Result<Image, Status> {
+    /// The sandbox image, unpacked in `snapshotter`.
+    pub(crate) async fn ensure_sandbox_image(&self, snapshotter: &str) -> Result<Image, Status> {
         if let Some(image) = self.images.resolve(&self.sandbox_image) {
+            if snapshotter != self.config.containerd.snapshotter {
+                self.ensure_unpacked_in(snapshotter, &image).await?;
+            }
             return Ok(image);
         }
         if self.config.image.sandbox_image.is_empty() {
             return crate::image::builtin::ensure_pause_image(
                 &self.containerd,
-                &self.config.containerd.snapshotter,
+                snapshotter,
                 &self.images,
             )
             .await
@@ -614,9 +619,32 @@ impl CriService {
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
         // The puller records what it pulls in the store.
         self.puller
-            .pull(&reference, None, None)
+            .pull(&reference, None, snapshotter, None)
             .await
             .map_err(|f| Status::new(f.code, format!("sandbox image: {}", f.message)))
+    }
+
+    /// Unpacks `image` (its content is in the store) into `snapshotter` unless it is there:
+    /// an image pulled for one handler, run by a handler with another snapshotter.
+    async fn ensure_unpacked_in(&self, snapshotter: &str, image: &Image) -> Result<(), Status> {
+        let present = self
+            .containerd
+            .snapshot_exists(snapshotter, &image.chain_id)
+            .await
+            .map_err(internal)?;
+        if present {
+            return Ok(());
+        }
+        let lease = self.creation_leases.take().await.map_err(internal)?;
+        let unpacked =
+            crate::image::load::ensure_unpacked(&self.containerd, snapshotter, image, &lease).await;
+        self.creation_leases.finish(&lease).await;
+        unpacked.map_err(|e| {
+            Status::failed_precondition(format!(
+                "image {} cannot be unpacked into snapshotter {snapshotter}: {e}",
+                image.id
+            ))
+        })
     }
 }
 

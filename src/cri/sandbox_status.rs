@@ -91,7 +91,7 @@ impl CriService {
             "image": metadata.image,
             "snapshotKey": if metadata.held { "" } else { metadata.id.as_str() },
             "held": metadata.held,
-            "snapshotter": self.config.containerd.snapshotter,
+            "snapshotter": self.snapshotter_of(&metadata.snapshotter),
             "runtimeHandler": metadata.runtime_handler,
             "runtimeType": metadata.runtime_type,
             "config": metadata.config,

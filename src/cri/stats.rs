@@ -475,7 +475,6 @@ impl CriService {
     }
 
     async fn sync_layer_usages(&self) {
-        let snapshotter = &self.config.containerd.snapshotter;
         let containers = self.containers.list();
         let live: HashSet<String> = containers
             .iter()
@@ -484,6 +483,7 @@ impl CriService {
             .collect();
         for container in containers {
             let id = container.id();
+            let snapshotter = self.snapshotter_of(&container.metadata.snapshotter);
             match self.containerd.snapshot_usage(snapshotter, id).await {
                 Ok(Some((bytes, inodes))) => self.layer_usages.set(
                     id,

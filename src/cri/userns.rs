@@ -22,6 +22,8 @@ pub(crate) struct PodUserns {
     pub mappings: Mappings,
     /// Its rootfs are remapped copies, not idmapped mounts.
     pub copy_rootfs: bool,
+    /// The snapshotter of the pod's rootfs.
+    pub snapshotter: String,
 }
 
 /// Under the state dir: the idmapped rootfs of each sandbox and container of such pods.
@@ -91,6 +93,7 @@ impl CriService {
             pin: self.sandbox_userns_pin(&metadata.id),
             mappings,
             copy_rootfs: metadata.userns_rootfs_copy,
+            snapshotter: self.snapshotter_of(&metadata.snapshotter).to_string(),
         })
     }
 
@@ -118,7 +121,7 @@ impl CriService {
     ) -> Result<Vec<containerd_client::types::Mount>, Status> {
         let mounts = self
             .containerd
-            .snapshot_mounts(&self.config.containerd.snapshotter, id)
+            .snapshot_mounts(&pod.snapshotter, id)
             .await
             .map_err(|e| Status::internal(format!("the rootfs mounts of {id}: {e}")))?;
         let host_root = pod.mappings.host_root();
@@ -159,9 +162,7 @@ impl CriService {
         lease: &str,
     ) -> Result<String, Status> {
         match pod {
-            Some(pod) if pod.copy_rootfs => {
-                self.remapped_snapshot(chain_id, &pod.mappings, lease).await
-            }
+            Some(pod) if pod.copy_rootfs => self.remapped_snapshot(chain_id, pod, lease).await,
             _ => Ok(chain_id.to_string()),
         }
     }
@@ -172,11 +173,11 @@ impl CriService {
     async fn remapped_snapshot(
         &self,
         chain_id: &str,
-        mappings: &Mappings,
+        pod: &PodUserns,
         lease: &str,
     ) -> Result<String, Status> {
-        let snapshotter = self.config.containerd.snapshotter.as_str();
-        let (uids, gids) = (mappings.uids, mappings.gids);
+        let snapshotter = pod.snapshotter.as_str();
+        let (uids, gids) = (pod.mappings.uids, pod.mappings.gids);
         let name = format!(
             "crius-remap-{}-{}-{}-{}-{chain_id}",
             uids.host_id, uids.size, gids.host_id, gids.size
@@ -199,9 +200,7 @@ impl CriService {
         }
         tracing::info!(snapshot = %name, "making a copy of an image remapped to a pod's range");
         let key = format!("{name}-prep-{:x}", rand::random::<u64>());
-        let made = self
-            .make_remapped(&key, &name, chain_id, mappings, lease)
-            .await;
+        let made = self.make_remapped(&key, &name, chain_id, pod, lease).await;
         if made.is_err() {
             let _ = self.containerd.remove_snapshot(snapshotter, &key).await;
         }
@@ -213,10 +212,10 @@ impl CriService {
         key: &str,
         name: &str,
         chain_id: &str,
-        mappings: &Mappings,
+        pod: &PodUserns,
         lease: &str,
     ) -> Result<(), Status> {
-        let snapshotter = self.config.containerd.snapshotter.as_str();
+        let snapshotter = pod.snapshotter.as_str();
         let failed =
             |what: &str, e: String| Status::internal(format!("remapping the image: {what}: {e}"));
         let mounts = self
@@ -225,7 +224,7 @@ impl CriService {
             .await
             .map_err(|e| failed("prepare", e.to_string()))?;
         let staging = self.config.state.join(IDMAPPED_ROOTFS_DIR).join(key);
-        let mappings = *mappings;
+        let mappings = pod.mappings;
         tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
             crate::mount::mount_all(&mounts, &staging).map_err(|e| e.to_string())?;

@@ -284,7 +284,6 @@ pub struct ImagePuller {
     containerd: Containerd,
     /// The images already pulled: a reference that resolves to one of them is not fetched.
     images: Arc<ImageStore>,
-    snapshotter: String,
     registry: RegistryConfig,
     max_downloads: usize,
     progress_timeout: Duration,
@@ -298,7 +297,6 @@ impl ImagePuller {
     pub fn new(
         containerd: Containerd,
         images: Arc<ImageStore>,
-        snapshotter: String,
         registry: RegistryConfig,
         max_downloads: usize,
         progress_timeout: Duration,
@@ -307,7 +305,6 @@ impl ImagePuller {
         Arc::new(Self {
             containerd,
             images,
-            snapshotter,
             registry,
             max_downloads: max_downloads.max(1),
             progress_timeout,
@@ -321,13 +318,15 @@ impl ImagePuller {
     /// already running is joined instead of started again. A caller without a deadline, or
     /// one that goes away, lets the pull finish; when every caller's `deadline` has passed,
     /// the pull is cancelled, its content collected, and the caller sees DEADLINE_EXCEEDED.
+    /// The layers are unpacked into `snapshotter`.
     pub async fn pull(
         self: &Arc<Self>,
         reference: &Reference,
         credentials: Option<Credentials>,
+        snapshotter: &str,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Image, PullFailure> {
-        let pull = self.join_or_start(reference, credentials);
+        let pull = self.join_or_start(reference, credentials, snapshotter);
         pull.waiting.fetch_add(1, Ordering::SeqCst);
         let Some(at) = deadline else {
             // Never counted out: a caller without a deadline keeps the pull alive.
@@ -367,8 +366,9 @@ impl ImagePuller {
         self: &Arc<Self>,
         reference: &Reference,
         credentials: Option<Credentials>,
+        snapshotter: &str,
     ) -> InFlight {
-        let key = pull_key(reference, credentials.as_ref());
+        let key = pull_key(reference, credentials.as_ref(), snapshotter);
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(pull) = in_flight.get(&key) {
             tracing::debug!(image = %reference, "joining a pull in progress");
@@ -376,6 +376,7 @@ impl ImagePuller {
         }
         let this = Arc::clone(self);
         let reference = reference.clone();
+        let snapshotter = snapshotter.to_string();
         let task_key = key.clone();
         let cancel = tokio_util::sync::CancellationToken::new();
         let task_cancel = cancel.clone();
@@ -384,7 +385,7 @@ impl ImagePuller {
         let task_waiting = waiting.clone();
         let task = tokio::spawn(async move {
             let result = this
-                .pull_uncached(&reference, credentials, task_cancel)
+                .pull_uncached(&reference, credentials, &snapshotter, task_cancel)
                 .await;
             let mut in_flight = this.in_flight.lock().unwrap_or_else(|p| p.into_inner());
             if in_flight
@@ -418,6 +419,7 @@ impl ImagePuller {
         &self,
         reference: &Reference,
         credentials: Option<Credentials>,
+        snapshotter: &str,
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<Image, PullFailure> {
         let started = Instant::now();
@@ -435,7 +437,7 @@ impl ImagePuller {
         .boxed()
         .shared();
         let outcome = self
-            .pull_with_lease(reference, credentials, &progress, stop)
+            .pull_with_lease(reference, credentials, snapshotter, &progress, stop)
             .await;
         let fetched = progress.bytes.load(Ordering::Relaxed);
         timer.finish(outcome.is_ok(), fetched);
@@ -469,6 +471,7 @@ impl ImagePuller {
         &self,
         reference: &Reference,
         credentials: Option<Credentials>,
+        snapshotter: &str,
         progress: &Arc<Progress>,
         stop: Shared<BoxFuture<'_, Stop>>,
     ) -> Result<Image, PullError> {
@@ -501,7 +504,7 @@ impl ImagePuller {
         // Bounded like the rest: it may wait for a RemoveImage of the image. Names it wrote
         // before a stop reach the store through containerd's events.
         let present = tokio::select! {
-            present = self.already_present(reference, &resolved) => present?,
+            present = self.already_present(reference, &resolved, snapshotter) => present?,
             why = stop.clone() => return Err(why.into()),
         };
         if let Some(image) = present {
@@ -529,7 +532,7 @@ impl ImagePuller {
         self.containerd.create_lease(&lease, LEASE_EXPIRY).await?;
         // Stopping drops the writes in flight; the lease below still goes, with its content.
         let written = tokio::select! {
-            written = self.write_image(&session, reference, &docs, &lease, progress) => written,
+            written = self.write_image(&session, reference, &docs, snapshotter, &lease, progress) => written,
             why = stop => Err(why.into()),
         };
         let collect = written.is_err();
@@ -548,6 +551,7 @@ impl ImagePuller {
         &self,
         reference: &Reference,
         resolved: &Resolved,
+        snapshotter: &str,
     ) -> Result<Option<Image>, PullError> {
         let by_digest = reference.with_digest(&resolved.digest);
         let mut names = BTreeSet::from([by_digest.clone()]);
@@ -562,7 +566,7 @@ impl ImagePuller {
         if !image.references.contains(&by_digest)
             || !self
                 .containerd
-                .snapshot_exists(&self.snapshotter, &image.chain_id)
+                .snapshot_exists(snapshotter, &image.chain_id)
                 .await?
         {
             return Ok(None);
@@ -598,15 +602,16 @@ impl ImagePuller {
         session: &Arc<Session>,
         reference: &Reference,
         docs: &Documents,
+        snapshotter: &str,
         lease: &str,
         progress: &Arc<Progress>,
     ) -> Result<Image, PullError> {
         let chain = chain_ids(&docs.config.rootfs.diff_ids);
-        self.fetch_and_unpack_layers(session, docs, &chain, lease, progress)
+        self.fetch_and_unpack_layers(session, docs, &chain, snapshotter, lease, progress)
             .await?;
         crate::failpoint::hit("pull_after_unpack").await?;
 
-        let snapshot_label = format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter);
+        let snapshot_label = format!("containerd.io/gc.ref.snapshot.{snapshotter}");
         let top_chain = chain.last().cloned().unwrap_or_default();
         let config_labels = HashMap::from([(snapshot_label, top_chain)]);
         self.put_document(
@@ -673,6 +678,7 @@ impl ImagePuller {
         session: &Arc<Session>,
         docs: &Documents,
         chain: &[String],
+        snapshotter: &str,
         lease: &str,
         progress: &Arc<Progress>,
     ) -> Result<(), PullError> {
@@ -714,7 +720,7 @@ impl ImagePuller {
             );
             unpack_layer(
                 &self.containerd,
-                &self.snapshotter,
+                snapshotter,
                 lease,
                 &layers[i],
                 &docs.config.rootfs.diff_ids[i],
@@ -983,8 +989,9 @@ fn index_gc_labels(index: &Index) -> HashMap<String, String> {
         .collect()
 }
 
-/// Joined pulls must also agree on credentials: a fingerprint, never the secrets.
-fn pull_key(reference: &Reference, credentials: Option<&Credentials>) -> String {
+/// Joined pulls must also agree on credentials (a fingerprint, never the secrets) and on
+/// the snapshotter they unpack into.
+fn pull_key(reference: &Reference, credentials: Option<&Credentials>, snapshotter: &str) -> String {
     let fingerprint = credentials
         .map(|c| {
             sha256_digest(
@@ -996,7 +1003,7 @@ fn pull_key(reference: &Reference, credentials: Option<&Credentials>) -> String 
             )
         })
         .unwrap_or_default();
-    format!("{reference}|{fingerprint}")
+    format!("{reference}|{fingerprint}|{snapshotter}")
 }
 
 #[cfg(test)]
@@ -1057,15 +1064,19 @@ mod tests {
     }
 
     #[test]
-    fn pull_keys_differ_by_credentials_only_in_fingerprint() {
+    fn pull_keys_differ_by_credentials_fingerprint_and_snapshotter() {
         let r = Reference::parse("busybox").unwrap();
         let creds = Credentials {
             username: "u".into(),
             password: "secret".into(),
             ..Default::default()
         };
-        let with = pull_key(&r, Some(&creds));
-        assert_ne!(with, pull_key(&r, None));
+        let with = pull_key(&r, Some(&creds), "overlayfs");
+        assert_ne!(with, pull_key(&r, None, "overlayfs"));
         assert!(!with.contains("secret"));
+        assert_ne!(
+            pull_key(&r, None, "native"),
+            pull_key(&r, None, "overlayfs")
+        );
     }
 }

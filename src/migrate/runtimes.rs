@@ -83,11 +83,6 @@ const HANDLER_RULES: &[Rule] = &[
         reason: "crius has one CNI config directory for all handlers (cni.max_conf_num)",
     },
     Rule {
-        key: "snapshotter",
-        neutral: is_empty,
-        reason: "crius uses one snapshotter for all handlers (containerd.snapshotter)",
-    },
-    Rule {
         key: "sandbox_mode",
         neutral: podsandbox,
         reason: "crius runs every handler's pods with a pause container, as containerd's \
@@ -264,6 +259,9 @@ fn handler_fields(table: &mut Section<'_>, runtime: &mut RuntimeConfig, ctx: &mu
     }
     if let Some(b) = table.bool("privileged_without_host_devices", &mut ctx.report) {
         runtime.privileged_without_host_devices = b;
+    }
+    if let Some(snapshotter) = table.string("snapshotter", &mut ctx.report) {
+        runtime.snapshotter = snapshotter;
     }
     if let Some(mut options) = table.table("options", &mut ctx.report) {
         if RUNC_RUNTIME_TYPES.contains(&runtime.runtime_type.as_str()) {

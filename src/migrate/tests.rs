@@ -187,6 +187,11 @@ fn v2_node_config_runtimes_and_settings() {
     assert_eq!(crun.pod_annotations, vec!["io.kubernetes.cri.*"]);
     assert_eq!(crun.container_annotations, vec!["run.oci.*"]);
     assert!(crun.privileged_without_host_devices);
+    assert_eq!(crun.snapshotter, "overlayfs");
+    assert_eq!(c.snapshotter_for("crun"), "overlayfs");
+    assert_eq!(c.snapshotter_for("runc"), "native");
+    assert_eq!(c.snapshotter_for("no-such-handler"), "native");
+    assert_eq!(c.snapshotters(), vec!["native", "overlayfs"]);
     assert!(c.containerd.runtimes["runc"].options.systemd_cgroup);
     // A shim crius has no options for is kept when it had none...
     assert_eq!(

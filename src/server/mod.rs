@@ -284,7 +284,9 @@ impl CriService {
         crate::recovery::clean_up_leftovers(self).await;
         crate::metrics::metrics().recovered(recovery.elapsed());
         if self.config.image.sandbox_image.is_empty()
-            && let Err(e) = self.ensure_sandbox_image().await
+            && let Err(e) = self
+                .ensure_sandbox_image(&self.config.containerd.snapshotter)
+                .await
         {
             tracing::warn!(error = %e, "the built-in pause image is not available yet");
         }

@@ -152,7 +152,7 @@ impl HostFacts {
     }
 }
 
-/// Connects to containerd and checks that it has the configured snapshotter.
+/// Connects to containerd and checks that it has every configured snapshotter.
 async fn connect_containerd(config: &Config) -> Result<Containerd, ServiceError> {
     let containerd = Containerd::connect(
         &config.containerd.address,
@@ -161,9 +161,9 @@ async fn connect_containerd(config: &Config) -> Result<Containerd, ServiceError>
     )
     .await?;
     let version = containerd.version().await?;
-    containerd
-        .check_snapshotter(&config.containerd.snapshotter)
-        .await?;
+    for snapshotter in config.snapshotters() {
+        containerd.check_snapshotter(snapshotter).await?;
+    }
     tracing::info!(address = %config.containerd.address.display(), %version, namespace = containerd.namespace(), "connected to containerd");
     Ok(containerd)
 }
@@ -211,7 +211,6 @@ impl CriService {
         let puller = ImagePuller::new(
             containerd.clone(),
             images.clone(),
-            config.containerd.snapshotter.clone(),
             config.registry.clone(),
             config.image.max_concurrent_downloads,
             config.image.pull_progress_timeout,

@@ -41,6 +41,10 @@ pub struct ContainerMetadata {
     /// The checkpoint archive it is restored from at start; empty for an ordinary one.
     #[serde(default)]
     pub restore_from: String,
+    /// The snapshotter of its rootfs (its pod's); empty in records from before handlers had
+    /// snapshotters of their own: `containerd.snapshotter`.
+    #[serde(default)]
+    pub snapshotter: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -322,6 +326,7 @@ mod tests {
                 created_at: 1,
                 cgroups_path: String::new(),
                 restore_from: String::new(),
+                snapshotter: String::new(),
             },
             ContainerStatus::created(1),
             dir.join("status"),

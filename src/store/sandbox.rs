@@ -39,6 +39,11 @@ pub struct SandboxMetadata {
     /// crius's shim holds the pod itself: no pause container, no rootfs snapshot.
     #[serde(default)]
     pub held: bool,
+    /// The snapshotter of its runtime handler, for its pause container's rootfs and its
+    /// containers'; empty in records from before handlers had snapshotters of their own:
+    /// `containerd.snapshotter`.
+    #[serde(default)]
+    pub snapshotter: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
