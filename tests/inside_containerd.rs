@@ -9,7 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::Crius;
-use common::cri_containerd::{CriContainerd, PROXY_HANDLER, SHIM_HANDLER};
+use common::cri_containerd::{
+    CriContainerd, DYNAMIC_SHIM_HANDLER, PROXY_HANDLER, SHIM_HANDLER, dynamic_shim_binary,
+};
 use common::pod::{Pod, container, pull};
 use common::{containerd_major, eventually, pause_processes, pod_config};
 use crius::api::v1::{
@@ -568,4 +570,49 @@ async fn a_proxy_pod_whose_shim_died_while_crius_was_down_becomes_not_ready() {
         "the dead shim's bundle (and its /dev/shm) outlived the pod"
     );
     common::remove_cgroup(&cgroup_parent(PROXY_HANDLER));
+}
+
+/// A shim built the ordinary way (`cargo build`, linked dynamically) cannot hold a pod: the
+/// holder runs inside an empty root with no loader. The pod fails at once with an error
+/// that says which shim to install, and leaves no shim behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamically_linked_shim_refuses_pods_saying_what_to_install() {
+    if skip_before_containerd_2() {
+        return;
+    }
+    let shim = dynamic_shim_binary();
+    let kind = std::process::Command::new("file")
+        .arg("-L")
+        .arg(&shim)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(
+        kind.contains("dynamically linked"),
+        "the test bed builds a dynamic shim at {}: {kind}",
+        shim.display()
+    );
+    let cricd = CriContainerd::start(165).await;
+    let mut client = cricd.client().await;
+    pull(&mut client, "busybox:latest").await;
+    let mut request = tonic::Request::new(RunPodSandboxRequest {
+        config: Some(pod_config("inside-dynamic")),
+        runtime_handler: DYNAMIC_SHIM_HANDLER.to_string(),
+    });
+    request.set_timeout(Duration::from_secs(60));
+    let refused = client
+        .runtime
+        .run_pod_sandbox(request)
+        .await
+        .expect_err("a dynamic shim holds no pod");
+    let message = refused.message();
+    assert!(
+        message.contains("linked dynamically") && message.contains("static shim"),
+        "{refused:?}"
+    );
+    let gone = eventually(Duration::from_secs(10), || async {
+        cricd.shims("containerd-shim-crius-v2").is_empty()
+    })
+    .await;
+    assert!(gone, "the refusing shim stayed");
 }

@@ -16,6 +16,8 @@ use super::{
 };
 
 pub const SHIM_HANDLER: &str = "crius-shim";
+/// crius's shim as cargo builds it by default (linked dynamically) as the sandboxer.
+pub const DYNAMIC_SHIM_HANDLER: &str = "crius-shim-dynamic";
 pub const PROXY_HANDLER: &str = "crius-proxy";
 /// The proxy plugin's name in containerd's config (the handler's sandboxer).
 pub const PROXY_PLUGIN: &str = "crius";
@@ -178,6 +180,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{shim_handler}]
       runtime_type = "io.containerd.crius.v2"
       sandboxer = "shim"
+    # A path as the runtime type: containerd starts a sandboxer shim by its type only.
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{dynamic_handler}]
+      runtime_type = "{dynamic_shim}"
+      sandboxer = "shim"
     # runc's runtime type, so containerd asks the shim (`runtime_path`) for the runtime's
     # features; the proxy starts the pod's shim itself whatever the type.
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{proxy_handler}]
@@ -196,12 +202,22 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         certs = dir.join("certs.d").display(),
         netd = dir.join("net.d").display(),
         shim_handler = SHIM_HANDLER,
+        dynamic_handler = DYNAMIC_SHIM_HANDLER,
+        dynamic_shim = dynamic_shim_binary().display(),
         proxy_handler = PROXY_HANDLER,
         proxy_plugin = PROXY_PLUGIN,
         proxy = proxy.display(),
         restrict_oom = !has_cap_sys_resource(),
         shim_path = shim_binary().display(),
     )
+}
+
+/// crius's shim as `cargo build -p crius-shim` links it (dynamically), beside the tests.
+pub fn dynamic_shim_binary() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("debug")
+        .join("containerd-shim-crius-v2")
 }
 
 /// crius's shim as found on the PATH (the test bed puts it there).
