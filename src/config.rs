@@ -491,6 +491,13 @@ pub struct StreamConfig {
     /// How long an Exec/Attach/PortForward URL stays usable.
     #[serde(with = "duration_str")]
     pub token_ttl: Duration,
+    /// How long a new connection has for its TLS handshake and a request with a valid
+    /// token, however slowly its bytes come; then it is closed.
+    #[serde(with = "duration_str")]
+    pub request_timeout: Duration,
+    /// Connections and sessions the server holds at once. When full, the oldest connections
+    /// that have presented no request yet are closed to make room; sessions never are.
+    pub max_connections: usize,
     /// Serve HTTPS: with the key pair below, or a self-signed certificate when none is set.
     pub tls: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -506,6 +513,8 @@ impl Default for StreamConfig {
             port: 0,
             idle_timeout: Duration::from_secs(4 * 3600),
             token_ttl: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(5),
+            max_connections: 1024,
             tls: false,
             tls_cert_file: None,
             tls_key_file: None,
@@ -737,6 +746,15 @@ impl Config {
         if self.stream.idle_timeout.is_zero() {
             return Err(invalid("stream.idle_timeout", "must be longer than zero"));
         }
+        if self.stream.request_timeout.is_zero() {
+            return Err(invalid(
+                "stream.request_timeout",
+                "must be longer than zero",
+            ));
+        }
+        if self.stream.max_connections == 0 {
+            return Err(invalid("stream.max_connections", "must be at least 1"));
+        }
         Ok(())
     }
 
@@ -894,6 +912,12 @@ port = 0
 idle_timeout = "4h"
 # How long the URL an Exec, Attach or PortForward call returns stays usable (once).
 token_ttl = "1m"
+# A new connection is closed unless its request (with a valid token) comes within this,
+# TLS handshake included.
+request_timeout = "5s"
+# Connections and sessions held at once; when full, the oldest connections without a
+# request are closed to make room (open sessions never are).
+max_connections = 1024
 # HTTPS for the stream server. Without a key pair a self-signed certificate is made.
 tls = false
 # tls_cert_file = "/etc/crius/stream.crt"

@@ -1001,3 +1001,125 @@ async fn floods_on_exec_streams_are_held_to_bytes_and_leave_nothing_behind() {
     );
     pod.remove_pod().await;
 }
+
+/// The address (`host:port`) of a stream URL.
+fn stream_addr(url: &str) -> String {
+    url.split("://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// An exec of `cmd` in `id` with stdout, as a stream URL.
+async fn exec_url(pod: &mut Pod, id: &str, cmd: &[&str]) -> String {
+    pod.client
+        .runtime
+        .exec(crius::api::v1::ExecRequest {
+            container_id: id.to_string(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Exec")
+        .into_inner()
+        .url
+}
+
+/// Whether crius closed `conn` within `wait` (end of file or a reset on read).
+async fn closed_by_crius(conn: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(wait, conn.read(&mut byte)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+/// 5000 connections that send nothing or a request a byte at a time cannot lock kubelet
+/// out: crius closes the oldest of those without a request to make room, and each after
+/// `stream.request_timeout`; an exec through the stream server still succeeds within a
+/// second, and a session open before the flood runs to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_idle_and_slow_stream_connections_never_locks_out_exec() {
+    let crius = Crius::start_with(|c| c.stream.request_timeout = Duration::from_secs(2), &[]).await;
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let mut pod = pod(&crius, "stream-lockout").await;
+    let id = pod
+        .run(container("sleeper", "busybox:latest", &["sleep", "1000"]))
+        .await;
+
+    // A session open before the flood is never closed to make room.
+    let live_url = exec_url(&mut pod, &id, &["sh", "-c", "sleep 6; echo survived"]).await;
+    let addr = stream_addr(&live_url);
+    let live = tokio::spawn(async move {
+        common::streams::spdy_session(&live_url, common::streams::SessionInput::default()).await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut idle = Vec::new();
+    for _ in 0..4000 {
+        match tokio::net::TcpStream::connect(&addr).await {
+            Ok(conn) => idle.push(conn),
+            Err(e) => panic!("connection {} of the flood: {e}", idle.len()),
+        }
+    }
+    // A request line a byte every 100 ms, for ever.
+    let slow: Vec<_> = (0..1000)
+        .map(|_| {
+            let addr = addr.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let Ok(mut conn) = tokio::net::TcpStream::connect(&addr).await else {
+                    return;
+                };
+                for byte in b"GET /exec/abcdefgh HTTP/1.1\r\nHost: x\r\n".iter().cycle() {
+                    if conn.write_all(&[*byte]).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    for attempt in 0..3 {
+        let url = exec_url(&mut pod, &id, &["echo", "through"]).await;
+        let started = Instant::now();
+        let output = tokio::time::timeout(
+            Duration::from_secs(1),
+            common::streams::spdy_session(&url, common::streams::SessionInput::default()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("exec {attempt} during the flood took over a second"));
+        assert_eq!(output.stdout, "through\n", "exec {attempt}");
+        eprintln!("exec {attempt} during the flood: {:?}", started.elapsed());
+    }
+
+    // The oldest idle connections were closed to make room; every one without a request
+    // is closed once its time is up.
+    assert!(
+        closed_by_crius(&mut idle[0], Duration::from_millis(100)).await,
+        "the oldest idle connection is still open"
+    );
+    let newest = idle.len() - 1;
+    assert!(
+        closed_by_crius(&mut idle[newest], Duration::from_secs(4)).await,
+        "an idle connection outlived stream.request_timeout"
+    );
+
+    let survived = live.await.expect("live session");
+    assert_eq!(
+        survived.stdout, "survived\n",
+        "the session open before the flood"
+    );
+    for task in slow {
+        task.abort();
+    }
+    drop(idle);
+    pod.remove_pod().await;
+}

@@ -6,6 +6,7 @@
 //! [`StreamRuntime`] (the CRI service) to run the exec, attach to the container or connect
 //! to the pod's port. See `STREAMING` in the docs for the wire protocol.
 
+mod admission;
 pub mod input;
 mod peer;
 mod portforward;

@@ -24,6 +24,7 @@ use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::admission::{Admission, Ticket};
 use super::peer::{PeerFd, PeerSocket};
 use super::remotecommand::{self, ChannelProtocol, Command, StdioOptions};
 use super::spdy::SpdyConnection;
@@ -34,14 +35,9 @@ use crate::config::StreamConfig;
 const PROTOCOL_HEADER: &str = "x-stream-protocol-version";
 const ACCEPTED_PROTOCOLS_HEADER: &str = "x-accepted-stream-protocol-versions";
 const SPDY_UPGRADE: &str = "SPDY/3.1";
-/// A client gets this long for its TLS handshake and its request headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most of a request crius buffers while it reads one (a stream request is a line and
 /// a few headers).
 const MAX_REQUEST_BUFFER: usize = 16 * 1024;
-/// Connections and sessions the stream server holds at once; more are closed on accept, so
-/// a flood of idle connections cannot take every descriptor crius has.
-pub const MAX_CONNECTIONS: usize = 1024;
 /// How long stopping waits for open sessions.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -61,6 +57,12 @@ struct ServerState {
     requests: Arc<StreamRequests>,
     runtime: Arc<dyn StreamRuntime>,
     idle_timeout: Duration,
+    /// How long a connection has for its TLS handshake and a request with a valid token.
+    request_timeout: Duration,
+    /// Connections and sessions held at once, so a flood cannot take every descriptor.
+    max_connections: usize,
+    /// Connections not yet admitted, which a full server closes, oldest first.
+    admission: Arc<Admission>,
     /// Upgraded sessions, which outlive their HTTP request.
     sessions: TaskTracker,
     /// Port-forward connects in flight, across all sessions.
@@ -122,6 +124,9 @@ impl StreamServer {
                 requests,
                 runtime,
                 idle_timeout: config.idle_timeout,
+                request_timeout: config.request_timeout,
+                max_connections: config.max_connections,
+                admission: Arc::new(Admission::default()),
                 sessions: TaskTracker::new(),
                 connecting: portforward::Connecting::default(),
                 shutdown: CancellationToken::new(),
@@ -153,13 +158,21 @@ impl StreamServer {
                 _ = shutdown.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((tcp, peer)) => {
-                        if connections.len() + self.state.sessions.len() >= MAX_CONNECTIONS {
-                            tracing::debug!(%peer, "stream server full: connection closed");
+                        if !self.make_room() {
+                            tracing::debug!(%peer, "stream server full of sessions: connection closed");
                             drop(tcp);
                             continue;
                         }
                         let _ = tcp.set_nodelay(true);
-                        connections.spawn(serve_connection(tcp, peer, self.tls.clone(), router.clone()));
+                        let ticket = Arc::new(self.state.admission.ticket());
+                        connections.spawn(serve_connection(
+                            tcp,
+                            peer,
+                            self.tls.clone(),
+                            router.clone(),
+                            ticket,
+                            self.state.request_timeout,
+                        ));
                     }
                     Err(e) => {
                         // Out of descriptors and the like: wait a little rather than spin.
@@ -187,6 +200,21 @@ impl StreamServer {
     }
 }
 
+impl StreamServer {
+    /// Makes a place for one more connection, closing the oldest connections that have not
+    /// presented a request yet; false when every place holds a session or an admitted
+    /// request, which are never closed for a newcomer.
+    fn make_room(&self) -> bool {
+        let state = &self.state;
+        while state.admission.occupied() + state.sessions.len() >= state.max_connections {
+            if !state.admission.evict_oldest() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 fn bracket_ipv6(address: &str) -> String {
     if address.contains(':') {
         format!("[{address}]")
@@ -209,33 +237,53 @@ fn base_url(local: SocketAddr, tls: bool) -> String {
     format!("{scheme}://{addr}")
 }
 
+/// Serves one connection. Until it is admitted (a request with a valid token), it is
+/// closed when a full server needs its place or when `request_timeout` has passed since
+/// accept (TLS handshake included), however slowly its bytes come.
 async fn serve_connection(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     router: Router,
+    ticket: Arc<Ticket>,
+    request_timeout: Duration,
 ) {
     // Sessions watch the socket for a hang-up while they cannot read it.
-    let router = router.layer(axum::Extension(PeerFd(tcp.as_raw_fd())));
-    match tls {
-        None => serve_http(tcp, peer, router).await,
-        Some(acceptor) => {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => serve_http(stream, peer, router).await,
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
+    let router = router
+        .layer(axum::Extension(PeerFd(tcp.as_raw_fd())))
+        .layer(axum::Extension(ticket.clone()));
+    let serving = async {
+        match tls {
+            None => serve_http(tcp, peer, router, request_timeout).await,
+            Some(acceptor) => match acceptor.accept(tcp).await {
+                Ok(stream) => serve_http(stream, peer, router, request_timeout).await,
+                Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            },
         }
+    };
+    tokio::pin!(serving);
+    tokio::select! {
+        _ = &mut serving => return,
+        _ = ticket.evicted() => {
+            tracing::debug!(%peer, "stream connection without a request closed to make room");
+            return;
+        }
+        _ = tokio::time::sleep(request_timeout) => {}
     }
+    if !ticket.is_admitted() {
+        tracing::debug!(%peer, "no stream request in time: connection closed");
+        return;
+    }
+    serving.await;
 }
 
-async fn serve_http<S>(io: S, peer: SocketAddr, router: Router)
+async fn serve_http<S>(io: S, peer: SocketAddr, router: Router, request_timeout: Duration)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT)
+        .header_read_timeout(request_timeout)
         .max_buf_size(MAX_REQUEST_BUFFER)
         .serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
         .with_upgrades()
@@ -283,6 +331,9 @@ async fn exec(
     UrlPath(token): UrlPath<String>,
     request: Request,
 ) -> Response {
+    if let Some(closed) = refuse_unless_admitted(&request) {
+        return closed;
+    }
     let Some(StreamRequest::Exec(exec)) = state.requests.take(&token) else {
         return unknown_token();
     };
@@ -304,6 +355,9 @@ async fn attach(
     UrlPath(token): UrlPath<String>,
     request: Request,
 ) -> Response {
+    if let Some(closed) = refuse_unless_admitted(&request) {
+        return closed;
+    }
     let Some(StreamRequest::Attach(attach)) = state.requests.take(&token) else {
         return unknown_token();
     };
@@ -324,6 +378,9 @@ async fn port_forward(
     UrlPath(token): UrlPath<String>,
     mut request: Request,
 ) -> Response {
+    if let Some(closed) = refuse_unless_admitted(&request) {
+        return closed;
+    }
     let Some(StreamRequest::PortForward(forward)) = state.requests.take(&token) else {
         return unknown_token();
     };
@@ -452,6 +509,18 @@ async fn upgrade_websocket(
             let _open = crate::metrics::metrics().stream_session_opened(session.command.kind());
             session.serve(socket).await
         })
+    })
+}
+
+/// Admits the request's connection (no full server closes it from now on), or, when one
+/// already closed it to make room, the answer that says so; its token stays unused.
+fn refuse_unless_admitted(request: &Request) -> Option<Response> {
+    let ticket = request.extensions().get::<Arc<Ticket>>()?;
+    (!ticket.admit()).then(|| {
+        plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the stream server closed this connection to make room: try again",
+        )
     })
 }
 
