@@ -1,7 +1,7 @@
 # crius: `make run` serves the CRI in the foreground; `make test` runs every check and test
 # on a fresh machine (it installs packages, starts containerd and a registry, stops them).
 
-.PHONY: all build release shim run test install bench bench-all fuzz testbed-up testbed-down clean
+.PHONY: all build release shim run test soak install bench bench-all fuzz testbed-up testbed-down clean
 
 all: build
 
@@ -24,6 +24,11 @@ run: release
 
 test:
 	scripts/testbed.sh test
+
+# Churn with faults injected (not part of `make test`): SOAK_MINUTES (default 10) beside
+# containerd 1.6 and 2.x; fails on any leak, lost exit or INTERNAL/UNKNOWN answer.
+soak:
+	scripts/testbed.sh soak
 
 # Installs what `make release` built: crius, its shim, the systemd unit, and a default
 # config and CNI network where none exists (scripts/install.sh). PROFILE=debug installs

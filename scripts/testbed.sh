@@ -690,6 +690,35 @@ run_tests() {
   fi
 }
 
+# The soak (tests/soak.rs, ignored by `make test`): SOAK_MINUTES (default 10) beside each
+# containerd of SOAK_CONTAINERDS (default "1 2": 1.6 and 2.x). Its summary goes to the log
+# and to target/soak-summary-<containerd>.txt.
+run_soak() {
+  deps
+  cd "$ROOT"
+  cargo build --all-targets --features failpoints
+  build_shim
+  down
+  preflight
+  trap down EXIT
+  up
+  local failed=() which
+  for which in ${SOAK_CONTAINERDS:-1 2}; do
+    (
+      eval "$(print_env "$which")"
+      log "soak of ${SOAK_MINUTES:-10} min beside $CRIUS_TEST_CONTAINERD_NAME"
+      rc=0
+      SOAK_MINUTES=${SOAK_MINUTES:-10} cargo test --features failpoints --test soak -- \
+        --ignored --nocapture || rc=1
+      cp target/soak-summary.txt "target/soak-summary-$which.txt" 2>/dev/null || true
+      exit $rc
+    ) || failed+=("containerd $which")
+  done
+  if ((${#failed[@]})); then
+    log "the soak failed beside: ${failed[*]}"
+    return 1
+  fi
+}
 
 run_benches() {
   deps
@@ -731,9 +760,10 @@ case "${1:-}" in
   down) down ;;
   env) print_env "${2:-1}" ;;
   test) run_tests ;;
+  soak) run_soak ;;
   bench) run_benches "${2:-}" ;;
   big-image) push_big_image ;;
   volume-image) push_volume_image; push_declared_volumes_image; push_hostile_account_images ;;
   cri-containerd) push_pause_image; cri_containerd_up ;;
-  *) echo "usage: $0 deps|up|down|env|test|bench|big-image|volume-image|cri-containerd" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|up|down|env|test|soak|bench|big-image|volume-image|cri-containerd" >&2; exit 2 ;;
 esac

@@ -654,6 +654,24 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         self.launch().await;
     }
 
+    /// Stops containerd with SIGTERM, as an upgrade does, waits for it to exit (SIGKILL
+    /// after 10 s), and starts it again.
+    pub async fn restart_cleanly(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() {
+                if std::time::Instant::now() >= until {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        self.launch().await;
+    }
+
     /// Points a crius config at this containerd.
     pub fn configure(&self, config: &mut Config) {
         config.containerd.address = self.address.clone();
