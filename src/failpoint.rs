@@ -1,7 +1,8 @@
 //! Failpoints: named places where tests make crius fail, stall or die on purpose.
 //!
 //! They are read once from `CRIUS_FAILPOINTS`, a `;`-separated list of `name=action`, where
-//! action is `error`, `kill` (SIGKILL to crius itself, as a crash would) or `sleep(<ms>)`.
+//! action is `error`, `error(<n>)` (the first n hits only), `kill` (SIGKILL to crius itself,
+//! as a crash would) or `sleep(<ms>)`.
 //! With the variable unset every check is a single load of an empty map.
 //!
 //! They exist only in a build with the `failpoints` feature (the test build, `make test`):
@@ -21,6 +22,8 @@ pub const ENV: &str = "CRIUS_FAILPOINTS";
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     Error,
+    /// An error for the first this many hits, then nothing.
+    ErrorTimes(u32),
     Kill,
     Sleep(Duration),
 }
@@ -38,17 +41,22 @@ fn parse(spec: &str) -> HashMap<String, Action> {
         let action = match action.trim() {
             "error" => Action::Error,
             "kill" => Action::Kill,
-            other => match other
-                .strip_prefix("sleep(")
-                .and_then(|rest| rest.strip_suffix(')'))
-                .and_then(|ms| ms.parse::<u64>().ok())
-            {
-                Some(ms) => Action::Sleep(Duration::from_millis(ms)),
-                None => {
+            other => {
+                let argument = |prefix: &str| {
+                    other
+                        .strip_prefix(prefix)
+                        .and_then(|rest| rest.strip_suffix(')'))
+                        .and_then(|n| n.parse::<u64>().ok())
+                };
+                if let Some(ms) = argument("sleep(") {
+                    Action::Sleep(Duration::from_millis(ms))
+                } else if let Some(n) = argument("error(") {
+                    Action::ErrorTimes(u32::try_from(n).unwrap_or(u32::MAX))
+                } else {
                     tracing::warn!(entry, "ignoring failpoint with unknown action");
                     continue;
                 }
-            },
+            }
         };
         points.insert(name.trim().to_string(), action);
     }
@@ -92,6 +100,13 @@ pub async fn hit(name: &str) -> Result<(), Triggered> {
             tracing::warn!(failpoint = name, "failpoint returning an error");
             Err(Triggered(name.to_string()))
         }
+        Some(Action::ErrorTimes(times)) => {
+            if count_hit(name) > *times {
+                return Ok(());
+            }
+            tracing::warn!(failpoint = name, "failpoint returning an error");
+            Err(Triggered(name.to_string()))
+        }
         Some(Action::Kill) => {
             tracing::warn!(failpoint = name, "failpoint killing crius");
             // SIGKILL cannot be caught: this is the crash the failpoint stands for.
@@ -99,6 +114,19 @@ pub async fn hit(name: &str) -> Result<(), Triggered> {
             Err(Triggered(name.to_string()))
         }
     }
+}
+
+/// How many times `name` has been hit, this one included.
+#[cfg(feature = "failpoints")]
+fn count_hit(name: &str) -> u32 {
+    static HITS: OnceLock<std::sync::Mutex<HashMap<String, u32>>> = OnceLock::new();
+    let mut hits = HITS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let count = hits.entry(name.to_string()).or_insert(0);
+    *count = count.saturating_add(1);
+    *count
 }
 
 /// Evaluates the failpoint `rpc.<Method>` for a CRI call; free when none is configured.
@@ -116,7 +144,8 @@ mod tests {
 
     #[test]
     fn parses_actions_and_defaults_to_error() {
-        let points = parse("a=error; b=sleep(250);c=kill;d;e=bogus");
+        let points = parse("a=error; b=sleep(250);c=kill;d;e=bogus;f=error(2)");
+        assert_eq!(points.get("f"), Some(&Action::ErrorTimes(2)));
         assert_eq!(points.get("a"), Some(&Action::Error));
         assert_eq!(
             points.get("b"),

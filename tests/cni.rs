@@ -251,3 +251,73 @@ async fn a_timed_out_plugin_takes_what_it_started_with_it() {
     });
     assert!(gone, "the plugin's child outlived its timeout");
 }
+
+/// A portmap that fails its first `fails` DELs (as the bridge plugin's iptables calls do for
+/// a moment when other pods' race them), then is Debian's; it counts its DELs.
+fn flaky_portmap(bin: &Path, fails: u32) {
+    let script = format!(
+        r#"#!/bin/sh
+if [ "$CNI_COMMAND" = DEL ]; then
+  n=$(($(cat {count} 2>/dev/null || echo 0) + 1))
+  echo $n > {count}
+  if [ $n -le {fails} ]; then
+    echo '{{"cniVersion":"1.0.0","code":11,"msg":"Chain does not exist (for a moment)"}}'
+    exit 1
+  fi
+fi
+exec {PLUGINS}/portmap
+"#,
+        count = bin.join("dels").display(),
+    );
+    let path = bin.join("portmap");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn dels(bin: &Path) -> u32 {
+    std::fs::read_to_string(bin.join("dels"))
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A DEL that fails for a moment (found by the soak: StopPodSandbox failed INTERNAL under
+/// load) is run again, and the pod's network goes; one that keeps failing fails the
+/// teardown after three tries.
+#[tokio::test]
+async fn a_del_that_fails_for_a_moment_is_run_again() {
+    let bin = tempfile::tempdir().unwrap();
+    flaky_portmap(bin.path(), 1);
+    let s = setup("1.0.0", 209, Some(bin.path().to_path_buf()));
+    let flaky = pod(&s.root, "flaky");
+    crius::netns::create(Path::new(&flaky.netns)).await.unwrap();
+    s.network.setup(&flaky, &Map::new()).await.expect("ADD");
+    s.network
+        .teardown(&flaky)
+        .await
+        .expect("DEL, the second time");
+    assert_eq!(dels(bin.path()), 2);
+    assert!(s.network.cached_attachments("flaky").await.is_empty());
+    let reserved = std::fs::read_dir(s.root.join("ipam").join("cni-test-209"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&s.prefix))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(reserved, 0, "the bridge plugin's DEL gave the IP back");
+
+    // One that keeps failing: three tries, then the error.
+    std::fs::remove_file(bin.path().join("dels")).unwrap();
+    flaky_portmap(bin.path(), 100);
+    let stuck = pod(&s.root, "stuck");
+    crius::netns::create(Path::new(&stuck.netns)).await.unwrap();
+    s.network.setup(&stuck, &Map::new()).await.expect("ADD");
+    let err = s.network.teardown(&stuck).await.unwrap_err();
+    assert!(matches!(err, CniError::PluginFailed(_)), "{err}");
+    assert_eq!(dels(bin.path()), 3);
+    flaky_portmap(bin.path(), 0);
+    s.network.teardown(&stuck).await.expect("DEL once it works");
+    crius::netns::remove(Path::new(&flaky.netns)).await.unwrap();
+    crius::netns::remove(Path::new(&stuck.netns)).await.unwrap();
+}

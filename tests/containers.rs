@@ -934,6 +934,25 @@ async fn creations_take_a_lease_made_ahead_and_start_up_deletes_it() {
     pod.remove_pod().await;
 }
 
+/// A creation's lease that containerd could not delete (it was restarting, as the soak
+/// found) is deleted once it can be, not left for its hour.
+#[tokio::test]
+async fn a_creation_lease_containerd_could_not_delete_is_deleted_later() {
+    let crius = Crius::start_with_failpoints("lease_pool_delete=error(1)").await;
+    let pod = pod(&crius, "lease-retry").await;
+    // The pod's creation lease failed to go at first; the one made ahead is all that stays.
+    let only_made_ahead = eventually(Duration::from_secs(5), || {
+        std::future::ready(crius.leases_left().is_empty())
+    })
+    .await;
+    assert!(only_made_ahead, "left: {:?}", crius.leases("crius-"));
+    assert!(
+        crius.log().contains("creation lease deleted"),
+        "the first delete did fail and a later one succeeded"
+    );
+    pod.remove_pod().await;
+}
+
 /// A pod whose runtime handler left the config (crius restarted without it) gets no new
 /// containers, and a retry of the refused request is refused the same way at once: the
 /// first one left no name reserved behind it.

@@ -831,3 +831,64 @@ async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
     marked.remove_pod().await;
     pod.remove_pod().await;
 }
+
+/// A runc killed in the middle of a create (found by the soak): it has made the container's
+/// cgroup but written no state, so `runc delete` cannot find it. The start fails ABORTED
+/// (not a server fault) and the shim removes the empty cgroup from every hierarchy.
+#[tokio::test]
+async fn a_runtime_killed_while_creating_aborts_the_start_and_leaves_no_cgroup() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let runc = bin.path().join("runc");
+    // On create: the cgroup runc makes first, then death by SIGKILL (exit status 137).
+    std::fs::write(
+        &runc,
+        format!(
+            r#"#!/bin/sh
+case " $* " in
+*" create "*)
+  bundle=$(echo "$*" | sed -n 's/.*--bundle \([^ ]*\).*/\1/p')
+  path=$(jq -r '.linux.cgroupsPath' "$bundle/config.json")
+  echo "$path" > {record}
+  for h in memory pids unified; do
+    [ -d /sys/fs/cgroup/$h ] && mkdir -p "/sys/fs/cgroup/$h$path"
+  done
+  kill -9 $$
+  ;;
+esac
+exec /usr/sbin/runc "$@"
+"#,
+            record = bin.path().join("cgroup").display()
+        ),
+    )
+    .expect("write the runc wrapper");
+    std::fs::set_permissions(&runc, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let runc = runc.display().to_string();
+    let crius = Crius::start_with(
+        |c| {
+            let mut killed = c.containerd.runtimes["runc"].clone();
+            killed.options.binary_name = runc;
+            c.containerd.runtimes.insert("killed".into(), killed);
+        },
+        &[],
+    )
+    .await;
+    let mut pod = pod_on(&crius, host_network_pod_config("killed-create"), "killed").await;
+    let id = pod
+        .create(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await
+        .expect("create");
+    let err = pod.start(&id).await.expect_err("runc was killed");
+    assert_eq!(err.code(), tonic::Code::Aborted, "{err:?}");
+    let path = std::fs::read_to_string(bin.path().join("cgroup")).expect("runc ran");
+    let path = path.trim();
+    assert!(path.contains(&id), "{path}");
+    for hierarchy in ["memory", "pids", "unified"] {
+        let dir = std::path::Path::new("/sys/fs/cgroup")
+            .join(hierarchy)
+            .join(path.trim_start_matches('/'));
+        assert!(!dir.exists(), "{} was left", dir.display());
+    }
+    pod.remove(&id).await;
+    pod.remove_pod().await;
+}

@@ -30,11 +30,13 @@ use rand::Rng;
 use tonic::{Code, Status};
 
 /// Pod lifecycles run at once: about this many pods exist at any time.
-const WORKERS: usize = 30;
+const WORKERS: usize = 40;
 /// Each call's deadline, as kubelet's runtime request timeout.
 const CALL_DEADLINE: Duration = Duration::from_secs(30);
 /// How long one operation is retried before the soak gives up on it.
 const GIVE_UP: Duration = Duration::from_secs(180);
+/// What the error of an operation retried for [`GIVE_UP`] says.
+const GAVE_UP: &str = "still failing after";
 const POD_LABEL: &str = "soak.pod";
 const CONTAINER_LABEL: &str = "soak.container";
 
@@ -130,8 +132,9 @@ impl Ctx {
                     return Ok(value);
                 }
                 Err(status) => {
-                    // A connection refused while crius restarts is not an answer of crius.
-                    if status.code() != Code::Unavailable {
+                    // A connection refused or cut while crius restarts is not an answer of
+                    // crius's.
+                    if !is_transport_failure(&status) {
                         self.record.error(op, &status);
                     }
                     if let Some(end) = accept(&status) {
@@ -139,7 +142,7 @@ impl Ctx {
                         return end;
                     }
                     if started.elapsed() > GIVE_UP {
-                        return Err(format!("{op}: gave up: {status:?}"));
+                        return Err(format!("{op}: {GAVE_UP} {GIVE_UP:?}: {status:?}"));
                     }
                     self.record.retries.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(pause).await;
@@ -148,6 +151,17 @@ impl Ctx {
             }
         }
     }
+}
+
+/// Whether the client made `status` itself because the connection failed (refused, or cut
+/// by a crius killed in the middle of the call): tonic says UNAVAILABLE, or UNKNOWN
+/// "transport error" with the connection's error as its source.
+fn is_transport_failure(status: &Status) -> bool {
+    use std::error::Error;
+    status.code() == Code::Unavailable
+        || (status.code() == Code::Unknown
+            && status.message() == "transport error"
+            && status.source().is_some())
 }
 
 fn with_timeout<T>(message: T) -> tonic::Request<T> {
@@ -458,9 +472,14 @@ async fn worker(ctx: Arc<Ctx>, worker: usize) -> Vec<OpError> {
     let mut failures = Vec::new();
     let mut n = 0;
     while Instant::now() < ctx.deadline {
+        // An operation refused for good (a container that died with its shim, a start
+        // whose runtime was killed) ends the cycle, as kubelet would start over; one that
+        // kept failing is a failure of the soak.
         if let Err(e) = pod_cycle(&ctx, worker, n).await {
             eprintln!("[soak] worker {worker} cycle {n}: {e}");
-            failures.push(e);
+            if e.contains(GAVE_UP) {
+                failures.push(e);
+            }
         }
         ctx.record.cycles.fetch_add(1, Ordering::Relaxed);
         n += 1;
@@ -527,6 +546,9 @@ struct Injector {
     /// When the crius process now running started, and what it used a minute later.
     started: Instant,
     first_minute: Option<Usage>,
+    /// Each crius process that lived past its first minute: what it used then, and what it
+    /// used when it was killed (or at the end).
+    lifetimes: Vec<(Usage, Usage)>,
     stream_port: u16,
 }
 
@@ -554,6 +576,7 @@ impl Injector {
     async fn inject(&mut self, fault: Fault) -> bool {
         match fault {
             Fault::KillCrius => {
+                self.end_lifetime();
                 self.crius.restart_after_crash().await;
                 self.started = Instant::now();
                 self.first_minute = None;
@@ -577,12 +600,14 @@ impl Injector {
                 let until = Instant::now() + Duration::from_secs(10);
                 let marker = self.containerd.dir.display().to_string();
                 loop {
-                    let creating = pgrep(&format!("^runc .*{marker}")).into_iter().find(|pid| {
-                        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                            c.split(|b| *b == 0)
-                                .any(|a| a == b"create" || a == b"start")
-                        })
-                    });
+                    let creating = pgrep(&format!("^([^ ]*/)?runc .*{marker}"))
+                        .into_iter()
+                        .find(|pid| {
+                            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                                c.split(|b| *b == 0)
+                                    .any(|a| a == b"create" || a == b"start")
+                            })
+                        });
                     if let Some(pid) = creating {
                         kill9(pid);
                         break;
@@ -608,6 +633,13 @@ impl Injector {
         true
     }
 
+    /// Records what the running crius used against its first minute.
+    fn end_lifetime(&mut self) {
+        if let (Some(first), Some(last)) = (self.first_minute, usage(self.crius.pid().as_raw())) {
+            self.lifetimes.push((first, last));
+        }
+    }
+
     fn sample(&mut self) {
         if self.first_minute.is_none() && self.started.elapsed() >= Duration::from_secs(60) {
             self.first_minute = usage(self.crius.pid().as_raw());
@@ -617,7 +649,7 @@ impl Injector {
 
 async fn inject_faults(injector: &mut Injector, ctx: &Ctx) {
     while Instant::now() < ctx.deadline {
-        let wait = Duration::from_secs(rand::rng().random_range(10..30));
+        let wait = Duration::from_secs(rand::rng().random_range(5..20));
         let until = Instant::now() + wait;
         while Instant::now() < until {
             injector.sample();
@@ -630,6 +662,8 @@ async fn inject_faults(injector: &mut Injector, ctx: &Ctx) {
         if injector.inject(fault).await {
             eprintln!("[soak] fault: {}", fault.name());
             ctx.record.fault(fault.name());
+        } else {
+            eprintln!("[soak] nothing to hit: {}", fault.name());
         }
     }
 }
@@ -860,6 +894,7 @@ async fn soak() {
         containerd,
         started: Instant::now(),
         first_minute: None,
+        lifetimes: Vec::new(),
         stream_port,
     };
     inject_faults(&mut injector, &ctx).await;
@@ -879,30 +914,36 @@ async fn soak() {
         &netns_before,
     )
     .await;
-    let end = usage(injector.crius.pid().as_raw());
+    injector.end_lifetime();
     let containerd_name = std::env::var("CRIUS_TEST_CONTAINERD_NAME").unwrap_or_default();
     let mut report = summary(&ctx.record, minutes, &containerd_name);
     let mut verdict = Vec::new();
-    match (injector.first_minute, end) {
-        (Some(first), Some(end)) => {
-            report.push_str(&format!(
-                "crius: {} KiB RSS and {} descriptors a minute after its last start, {} KiB and {} at the end\n",
-                first.rss_kib, first.fds, end.rss_kib, end.fds
+    report.push_str(&format!(
+        "crius processes that lived past their first minute: {}\n",
+        injector.lifetimes.len()
+    ));
+    for (first, last) in &injector.lifetimes {
+        report.push_str(&format!(
+            "  {} KiB RSS, {} descriptors after a minute; {} KiB, {} at its end\n",
+            first.rss_kib, first.fds, last.rss_kib, last.fds
+        ));
+        if last.rss_kib * 10 > first.rss_kib * 11 {
+            verdict.push(format!(
+                "crius's memory grew from {} to {} KiB",
+                first.rss_kib, last.rss_kib
             ));
-            if end.rss_kib * 10 > first.rss_kib * 11 {
-                verdict.push(format!(
-                    "crius's memory grew from {} to {} KiB",
-                    first.rss_kib, end.rss_kib
-                ));
-            }
-            if end.fds > first.fds + 16 {
-                verdict.push(format!(
-                    "crius's descriptors grew from {} to {}",
-                    first.fds, end.fds
-                ));
-            }
         }
-        _ => report.push_str("crius restarted within the last minute: no memory comparison\n"),
+    }
+    // With everything removed, the last crius holds no more descriptors than it did with
+    // pods a minute after it started.
+    if let (Some((first, last)), true) =
+        (injector.lifetimes.last(), injector.first_minute.is_some())
+        && last.fds > first.fds + 16
+    {
+        verdict.push(format!(
+            "crius's descriptors grew from {} to {}",
+            first.fds, last.fds
+        ));
     }
     report.push_str(&format!("leaks found: {}\n", leaks.len()));
     for leak in &leaks {
@@ -911,19 +952,21 @@ async fn soak() {
     verdict.extend(leaks);
     let bad = lock(&ctx.record.bad_codes).clone();
     if !bad.is_empty() {
-        verdict.push(format!(
-            "{} calls answered INTERNAL or UNKNOWN: {bad:?}",
-            bad.len()
-        ));
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for answer in &bad {
+            *kinds.entry(answer.chars().take(160).collect()).or_default() += 1;
+        }
+        verdict.push(format!("{} calls answered INTERNAL or UNKNOWN:", bad.len()));
+        verdict.extend(kinds.into_iter().map(|(kind, n)| format!("  {n} x {kind}")));
     }
     let inconsistent = lock(&ctx.record.inconsistencies).clone();
     verdict.extend(inconsistent);
-    verdict.extend(failures.into_iter().map(|f| format!("gave up: {f}")));
+    verdict.extend(failures);
     eprintln!("{report}");
-    let _ = std::fs::write(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/soak-summary.txt"),
-        &report,
-    );
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let _ = std::fs::write(target.join("soak-summary.txt"), &report);
+    // crius's log (of every process it ran as), for what the summary cannot say.
+    let _ = std::fs::write(target.join("soak-crius.log"), injector.crius.log());
     for controller in entries(Path::new("/sys/fs/cgroup")) {
         let root = Path::new("/sys/fs/cgroup")
             .join(&controller)

@@ -55,6 +55,11 @@ impl Shim {
         if let Some(held) = HeldPod::from_spec(&id, &spec)? {
             return self.create_held(id, bundle, runc, stdio, held, &spec).await;
         }
+        let cgroups_path = spec
+            .linux
+            .as_ref()
+            .map(|l| l.cgroups_path.clone())
+            .unwrap_or_default();
         let (facts, rootfs, exec_defaults) =
             prepare_bundle(&bundle, &runc, rootfs, self.pod(), spec).await?;
 
@@ -69,6 +74,7 @@ impl Shim {
                 if let Some(rootfs) = rootfs {
                     unmount_rootfs(rootfs).await;
                 }
+                crate::cgroup_leaf::remove_empty(&cgroups_path);
                 return Err(e);
             }
         };
@@ -121,7 +127,8 @@ impl Shim {
     }
 
     /// runc create (or restore, from `checkpoint`), with the stdio the process gets; a
-    /// container whose create did not finish is deleted again.
+    /// container whose create failed or did not finish is deleted again (a runc killed in
+    /// the middle leaves its init waiting).
     async fn run_create(
         &self,
         id: &str,
@@ -133,7 +140,7 @@ impl Shim {
         let pid_file = bundle.join("init.pid");
         let (process_stdio, io, console) = prepare_stdio(stdio)?;
         let console_path = console.as_ref().map(|c| c.path());
-        match checkpoint {
+        let launched = match checkpoint {
             Some(images) => {
                 let launch = crate::runc::InitLaunch {
                     id,
@@ -142,7 +149,7 @@ impl Shim {
                     console_socket: console_path.as_deref(),
                 };
                 runc.restore(&self.reaper, &launch, images, process_stdio)
-                    .await?
+                    .await
             }
             None => {
                 runc.create(
@@ -153,8 +160,12 @@ impl Shim {
                     console_path.as_deref(),
                     process_stdio,
                 )
-                .await?
+                .await
             }
+        };
+        if let Err(e) = launched {
+            let _ = runc.delete(&self.reaper, id, true).await;
+            return Err(e.into());
         }
         let finished = async {
             let pid = read_pid_file(&pid_file)

@@ -6,6 +6,7 @@
 mod bootstrap;
 mod bundle;
 mod caps;
+mod cgroup_leaf;
 mod container;
 mod control;
 mod create;

@@ -46,6 +46,9 @@ pub enum CniError {
     Loopback(#[from] crate::netns::NetnsError),
 }
 
+/// The pauses before each new DEL of a plugin that reported a failure.
+const DEL_RETRY_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(400)];
+
 /// A plugin that ran and reported failure.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -416,10 +419,39 @@ impl CniNetwork {
         let prev = result.filter(|_| !version_before(&network.cni_version, "0.4.0"));
         for plugin in network.plugins.iter().rev() {
             let stdin = plugin_config(network, plugin, prev, capabilities);
-            self.exec(network, plugin, "DEL", ifname, pod, stdin)
-                .await?;
+            self.del_plugin(network, plugin, ifname, pod, stdin).await?;
         }
         Ok(())
+    }
+
+    /// One plugin's DEL, run again after a pause when the plugin reports a failure: DEL is
+    /// idempotent, and plugins fail it for a moment under load (the bridge plugin's
+    /// iptables calls race other pods' with the nf_tables backend: "Chain ... does not
+    /// exist"), where a pod stop failing would leave the pod for kubelet to retry.
+    async fn del_plugin(
+        &self,
+        network: &NetworkConfigList,
+        plugin: &Map<String, Value>,
+        ifname: &str,
+        pod: &PodRef,
+        stdin: Value,
+    ) -> Result<(), CniError> {
+        let mut pauses = DEL_RETRY_PAUSES.iter();
+        loop {
+            match self
+                .exec(network, plugin, "DEL", ifname, pod, stdin.clone())
+                .await
+            {
+                Err(CniError::PluginFailed(failure)) => match pauses.next() {
+                    Some(pause) => {
+                        tracing::warn!(pod = %pod.id, network = %network.name, error = %failure, "CNI DEL failed; running it again");
+                        tokio::time::sleep(*pause).await;
+                    }
+                    None => return Err(CniError::PluginFailed(failure)),
+                },
+                done => return done.map(|_| ()),
+            }
+        }
     }
 
     fn cni_path(&self) -> String {

@@ -15,6 +15,10 @@ use super::{Containerd, ContainerdError};
 
 /// When containerd's garbage collection drops a lease nobody deleted.
 const LEASE_EXPIRY: Duration = Duration::from_secs(3600);
+/// The first and the longest pause between attempts to delete a lease containerd could not
+/// delete.
+const DELETE_RETRY_FIRST: Duration = Duration::from_millis(500);
+const DELETE_RETRY_MAX: Duration = Duration::from_secs(30);
 /// A ready lease older than this is not handed out: it could expire under its creation.
 const HAND_OUT_WITHIN: Duration = Duration::from_secs(1800);
 
@@ -68,9 +72,40 @@ impl LeasePool {
         self.slot().is_some()
     }
 
-    async fn delete(&self, lease: &str) {
-        if let Err(e) = self.containerd.delete_lease(lease, false).await {
-            tracing::warn!(%lease, error = %e, "failed to delete a creation lease; it expires by itself");
+    /// Deletes `lease`; when containerd cannot (it is restarting), again in the background
+    /// until it can, rather than leave the lease (and what it holds) for its hour.
+    async fn delete(self: &Arc<Self>, lease: &str) {
+        if let Err(e) = self.try_delete(lease).await {
+            tracing::warn!(%lease, error = %e, "failed to delete a creation lease; trying again in the background");
+            let (pool, lease) = (self.clone(), lease.to_string());
+            tokio::spawn(async move { pool.delete_later(&lease).await });
+        }
+    }
+
+    async fn try_delete(&self, lease: &str) -> Result<(), ContainerdError> {
+        // Stands for containerd restarting.
+        crate::failpoint::hit("lease_pool_delete")
+            .await
+            .map_err(|e| ContainerdError::Rpc {
+                op: "delete lease",
+                status: tonic::Status::unavailable(e.to_string()),
+            })?;
+        self.containerd.delete_lease(lease, false).await
+    }
+
+    async fn delete_later(&self, lease: &str) {
+        let mut pause = DELETE_RETRY_FIRST;
+        let until = Instant::now() + LEASE_EXPIRY;
+        while Instant::now() < until {
+            tokio::time::sleep(pause).await;
+            match self.try_delete(lease).await {
+                Ok(()) => {
+                    tracing::info!(%lease, "creation lease deleted");
+                    return;
+                }
+                Err(e) => tracing::debug!(%lease, error = %e, "creation lease not deleted yet"),
+            }
+            pause = (pause * 2).min(DELETE_RETRY_MAX);
         }
     }
 

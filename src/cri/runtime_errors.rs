@@ -41,14 +41,24 @@ pub(crate) fn killed_while_starting(message: &str) -> bool {
     message.contains("exec failed: exit status 137")
 }
 
+/// Whether the OCI runtime was killed (SIGKILL: runc exits 137) while it created the
+/// container: the node's OOM killer or an operator took it, not a fault of crius's or of the
+/// request. The shim deleted what it had made; a new attempt can succeed.
+pub(crate) fn runtime_killed_while_creating(message: &str) -> bool {
+    message.contains("create failed: exit status 137")
+}
+
 /// The code for the runtime's failure to start a container: a command its image cannot
 /// run, or a namespace it joins that is gone (its PID namespace target, or its pod's pause
-/// process, exited since it was created), is the container's state, not a server fault.
+/// process, exited since it was created), is the container's state, not a server fault; a
+/// runtime killed in the middle aborted the start.
 pub(crate) fn container_start_code(message: &str) -> Code {
     let namespace_gone =
         message.contains("namespace path") && message.contains("no such file or directory");
     if unexecutable(message) || namespace_gone {
         Code::FailedPrecondition
+    } else if runtime_killed_while_creating(message) {
+        Code::Aborted
     } else {
         Code::Internal
     }
@@ -64,6 +74,8 @@ pub(crate) fn sandbox_task_code(message: &str) -> Code {
         || message.contains("held pod ");
     if message.contains("/proc/sys/") || message.contains("sethostname") || holder_refused {
         Code::InvalidArgument
+    } else if runtime_killed_while_creating(message) {
+        Code::Aborted
     } else {
         Code::Internal
     }
@@ -94,6 +106,15 @@ mod tests {
             "runc exec failed: exit status 1: unknown"
         ));
         assert!(!killed_while_starting("exec exited with status 137"));
+    }
+
+    #[test]
+    fn a_runtime_killed_while_it_created_aborts_the_start() {
+        let killed = "failed to start container c1: containerd create task: code: 'Unknown error', message: \"failed to create shim task: runc create failed: exit status 137: unknown\"";
+        assert_eq!(container_start_code(killed), Code::Aborted);
+        assert_eq!(sandbox_task_code(killed), Code::Aborted);
+        let failed = "failed to create shim task: runc create failed: exit status 1: unknown";
+        assert_eq!(container_start_code(failed), Code::Internal);
     }
 
     #[test]
