@@ -945,6 +945,13 @@ format = "text"   # text | json
 # host:port for Prometheus to scrape GET /metrics from (plain HTTP), e.g. "127.0.0.1:9838".
 # Empty: no metrics listener. `crius metrics` lists every metric.
 address = ""
+
+[sandbox_controller]
+# Serve containerd 2.x's sandbox Controller (a `sandbox` proxy plugin) on this unix socket.
+# Empty: off.
+address = ""
+# The shim each such pod runs on (found on the PATH unless absolute).
+shim = "containerd-shim-crius-v2"
 "#;
 
 #[cfg(test)]
@@ -983,6 +990,88 @@ auth = "YWxpY2U6aHVudGVyMg=="
             .as_ref()
             .unwrap();
         assert_eq!(auth.password, "hunter2");
+    }
+
+    /// The keys `crius config default` prints (commented-out ones too), as the reference
+    /// names them: a runtime handler's keys and a registry's credentials belong to the rows
+    /// `containerd.runtimes.<name>` and `registry.configs."<host>".auth`, returned with the
+    /// key inside them.
+    fn printed_keys(text: &str) -> Vec<(String, Option<String>)> {
+        let mut section = String::new();
+        let mut keys = Vec::new();
+        for line in text.lines() {
+            let line = line.trim_start_matches('#').trim();
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = if name.starts_with("containerd.runtimes.") {
+                    "containerd.runtimes.<name>".to_string()
+                } else if name.starts_with("registry.configs.") && name.ends_with(".auth") {
+                    "registry.configs.\"<host>\".auth".to_string()
+                } else {
+                    name.to_string()
+                };
+                continue;
+            }
+            let Some((key, _)) = line.split_once(" = ") else {
+                continue;
+            };
+            if key.is_empty() || !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                continue;
+            }
+            if section.contains('<') {
+                keys.push((section.clone(), Some(key.to_string())));
+            } else if section.is_empty() {
+                keys.push((key.to_string(), None));
+            } else {
+                keys.push((format!("{section}.{key}"), None));
+            }
+        }
+        keys
+    }
+
+    /// docs/configuration.md's table rows: the keys each names (its first cell), the row.
+    fn reference_rows(doc: &str) -> Vec<(Vec<String>, &str)> {
+        doc.lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|row| {
+                let first = row.split(" | ").next().unwrap_or_default();
+                let keys = first
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect();
+                (keys, row)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_configuration_reference_and_config_default_name_the_same_keys() {
+        let rows = reference_rows(include_str!("../docs/configuration.md"));
+        let printed = printed_keys(DEFAULT_CONFIG_TOML);
+        assert!(printed.len() > 40, "{printed:?}");
+        for (key, inner) in &printed {
+            let row = rows.iter().find(|(keys, _)| keys.contains(key));
+            let Some((_, row)) = row else {
+                panic!(
+                    "`crius config default` prints {key}; docs/configuration.md has no row for it"
+                );
+            };
+            if let Some(inner) = inner {
+                assert!(
+                    row.contains(&format!("`{inner}`")),
+                    "docs/configuration.md's row for {key} does not name `{inner}`"
+                );
+            }
+        }
+        for (keys, _) in &rows {
+            for key in keys {
+                assert!(
+                    printed.iter().any(|(k, _)| k == key),
+                    "docs/configuration.md names {key}, which `crius config default` does not print"
+                );
+            }
+        }
     }
 
     #[test]

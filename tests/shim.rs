@@ -833,8 +833,9 @@ async fn the_shim_execs_without_runc_the_process_runc_exec_makes() {
 }
 
 /// A runc killed in the middle of a create (found by the soak): it has made the container's
-/// cgroup but written no state, so `runc delete` cannot find it. The start fails ABORTED
-/// (not a server fault) and the shim removes the empty cgroup from every hierarchy.
+/// cgroup but written no state, so `runc delete` cannot find it, and its init is still in
+/// the cgroup for a moment. The start fails ABORTED (not a server fault) and the shim
+/// removes the cgroup from every hierarchy once it is empty.
 #[tokio::test]
 async fn a_runtime_killed_while_creating_aborts_the_start_and_leaves_no_cgroup() {
     let bin = tempfile::tempdir().expect("tempdir");
@@ -851,6 +852,11 @@ case " $* " in
   echo "$path" > {record}
   for h in memory pids unified; do
     [ -d /sys/fs/cgroup/$h ] && mkdir -p "/sys/fs/cgroup/$h$path"
+  done
+  # The init, dying a moment after runc.
+  sleep 1 &
+  for h in memory pids; do
+    [ -d "/sys/fs/cgroup/$h$path" ] && echo $! > "/sys/fs/cgroup/$h$path/cgroup.procs"
   done
   kill -9 $$
   ;;
@@ -883,12 +889,23 @@ exec /usr/sbin/runc "$@"
     let path = std::fs::read_to_string(bin.path().join("cgroup")).expect("runc ran");
     let path = path.trim();
     assert!(path.contains(&id), "{path}");
-    for hierarchy in ["memory", "pids", "unified"] {
-        let dir = std::path::Path::new("/sys/fs/cgroup")
-            .join(hierarchy)
-            .join(path.trim_start_matches('/'));
-        assert!(!dir.exists(), "{} was left", dir.display());
-    }
+    let dirs: Vec<_> = ["memory", "pids", "unified"]
+        .iter()
+        .map(|h| {
+            std::path::Path::new("/sys/fs/cgroup")
+                .join(h)
+                .join(path.trim_start_matches('/'))
+        })
+        .collect();
+    let gone = eventually(Duration::from_secs(5), || {
+        std::future::ready(dirs.iter().all(|d| !d.exists()))
+    })
+    .await;
+    assert!(
+        gone,
+        "left: {:?}",
+        dirs.iter().filter(|d| d.exists()).collect::<Vec<_>>()
+    );
     pod.remove(&id).await;
     pod.remove_pod().await;
 }

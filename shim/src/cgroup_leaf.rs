@@ -2,38 +2,73 @@
 //! in the middle has made them but not yet written its state, so `runc delete` cannot find
 //! them and nothing else ever removes them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
+/// How long a cgroup that still has a process is tried again: the runc init of a killed
+/// runc dies by its parent-death signal a moment after runc, and its cgroup empties then.
+const EMPTYING: Duration = Duration::from_secs(5);
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// Removes the container's cgroup at the spec's `cgroupsPath` (a cgroupfs path) from every
-/// hierarchy where it is empty: the unified one and each v1 controller's. A cgroup with a
-/// process or a child stays (the kernel refuses), as does runc's systemd form
-/// (`slice:prefix:name`), which is systemd's to remove.
+/// hierarchy where it is empty: the unified one and each v1 controller's. One that still
+/// has a process (or a child) is tried again in the background for a few seconds; runc's
+/// systemd form (`slice:prefix:name`) is left to systemd.
 pub fn remove_empty(cgroups_path: &str) {
-    remove_empty_below(Path::new(CGROUP_ROOT), cgroups_path);
+    let busy = remove_empty_below(Path::new(CGROUP_ROOT), cgroups_path);
+    if !busy.is_empty() {
+        std::thread::spawn(move || remove_when_empty(busy, EMPTYING));
+    }
 }
 
-fn remove_empty_below(root: &Path, cgroups_path: &str) {
+/// Tries each of `dirs` again until it is gone or `within` has passed.
+fn remove_when_empty(mut dirs: Vec<PathBuf>, within: Duration) {
+    let until = Instant::now() + within;
+    while !dirs.is_empty() && Instant::now() < until {
+        std::thread::sleep(RETRY_PAUSE);
+        dirs.retain(|dir| remove_dir(dir).is_err());
+    }
+    for dir in dirs {
+        log::warn!(
+            "the cgroup {} of an unfinished create still has a process",
+            dir.display()
+        );
+    }
+}
+
+/// Removes the leaf below each hierarchy of `root`; returns the ones that stay for now.
+fn remove_empty_below(root: &Path, cgroups_path: &str) -> Vec<PathBuf> {
     let relative = cgroups_path.trim_matches('/');
     if relative.is_empty() || !crate::pod::is_cgroup_path(relative, 4096, false) {
-        return;
+        return Vec::new();
     }
-    let _ = std::fs::remove_dir(root.join(relative));
-    let Ok(hierarchies) = std::fs::read_dir(root) else {
-        return;
-    };
-    for hierarchy in hierarchies.filter_map(Result::ok) {
-        let dir = hierarchy.path().join(relative);
-        if dir.is_dir() {
-            match std::fs::remove_dir(&dir) {
-                Ok(()) => log::info!(
-                    "removed the cgroup {} of an unfinished create",
-                    dir.display()
-                ),
-                Err(e) => log::debug!("cgroup {} stays: {e}", dir.display()),
-            }
+    let mut dirs = vec![root.join(relative)];
+    if let Ok(hierarchies) = std::fs::read_dir(root) {
+        dirs.extend(
+            hierarchies
+                .filter_map(Result::ok)
+                .map(|h| h.path().join(relative)),
+        );
+    }
+    dirs.into_iter()
+        .filter(|dir| dir.is_dir())
+        .filter(|dir| remove_dir(dir).is_err())
+        .collect()
+}
+
+fn remove_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => {
+            log::info!(
+                "removed the cgroup {} of an unfinished create",
+                dir.display()
+            );
+            Ok(())
         }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -49,7 +84,8 @@ mod tests {
         }
         // A leaf with something in it stays (as the kernel keeps a cgroup with a process).
         std::fs::write(root.path().join("pids/kubepods/pod1/c1/x"), "").unwrap();
-        remove_empty_below(root.path(), "/kubepods/pod1/c1");
+        let busy = remove_empty_below(root.path(), "/kubepods/pod1/c1");
+        assert_eq!(busy, vec![root.path().join("pids/kubepods/pod1/c1")]);
         assert!(!root.path().join("memory/kubepods/pod1/c1").exists());
         assert!(!root.path().join("unified/kubepods/pod1/c1").exists());
         assert!(root.path().join("pids/kubepods/pod1/c1").exists());
@@ -60,11 +96,30 @@ mod tests {
 
         for refused in ["system.slice:crius:c1", "/kubepods/../pod1", ""] {
             std::fs::create_dir_all(root.path().join("memory/kubepods/pod1/c2")).unwrap();
-            remove_empty_below(root.path(), refused);
+            assert!(remove_empty_below(root.path(), refused).is_empty());
             assert!(
                 root.path().join("memory/kubepods/pod1").exists(),
                 "{refused:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_leaf_whose_process_goes_a_moment_later_is_removed_then() {
+        let root = tempfile::tempdir().unwrap();
+        let leaf = root.path().join("memory/kubepods/pod1/c1");
+        std::fs::create_dir_all(&leaf).unwrap();
+        // Stands for the init still in the cgroup: it goes 300 ms later.
+        std::fs::write(leaf.join("init"), "").unwrap();
+        let busy = remove_empty_below(root.path(), "/kubepods/pod1/c1");
+        assert_eq!(busy, vec![leaf.clone()]);
+        let init = leaf.join("init");
+        let exits = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            std::fs::remove_file(init).unwrap();
+        });
+        remove_when_empty(busy, Duration::from_secs(3));
+        exits.join().unwrap();
+        assert!(!leaf.exists());
     }
 }
