@@ -483,10 +483,19 @@ push_pause_image() {
   log "pushed $REGISTRY_ADDR/bench/pause:1"
 }
 
-# containerd with its built-in CRI plugin, for the lifecycle benchmark to compare against:
-# own root, state and socket, its own bridge network, the test registry over plain HTTP.
+# containerd with its own CRI plugin, for the comparison benchmark. $1: which containerd
+# (1: bookworm's 1.6, config version 2; 2: the 2.x binaries, config version 3, where the CRI
+# is split into an images and a runtime plugin).
 cri_containerd_up() {
-  local dir=$CRI_CTRD_DIR
+  local which=${1:-1} dir=$CRI_CTRD_DIR bin=containerd path=$PATH
+  if [ "$which" = 2 ]; then
+    bin=$CTRD2_BIN/containerd
+    path=$CTRD2_BIN:$PATH
+  fi
+  # As crius's "auto": where the OOM score may not be lowered (no CAP_SYS_RESOURCE, as in
+  # a container), keep the pause container's at containerd's own.
+  local restrict
+  restrict=$(if capsh --has-p=cap_sys_resource 2>/dev/null; then echo false; else echo true; fi)
   mkdir -p "$dir/net.d" "$dir/certs.d/$REGISTRY_ADDR"
   cat >"$dir/net.d/10-bench.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "cri-bench",
@@ -501,7 +510,27 @@ server = "http://$REGISTRY_ADDR"
 [host."http://$REGISTRY_ADDR"]
   capabilities = ["pull", "resolve"]
 TOML
-  cat >"$dir/config.toml" <<TOML
+  if [ "$which" = 2 ]; then
+    cat >"$dir/config.toml" <<TOML
+version = 3
+root = "$dir/root"
+state = "$dir/state"
+[grpc]
+  address = "$CRI_CTRD_SOCK"
+[ttrpc]
+  address = "$CRI_CTRD_SOCK.ttrpc"
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "$REGISTRY_ADDR/bench/pause:1"
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "$dir/certs.d"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = $restrict
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "$dir/net.d"
+TOML
+  else
+    cat >"$dir/config.toml" <<TOML
 version = 2
 root = "$dir/root"
 state = "$dir/state"
@@ -511,19 +540,31 @@ state = "$dir/state"
   address = "$CRI_CTRD_SOCK.ttrpc"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$REGISTRY_ADDR/bench/pause:1"
-  # As crius's "auto": where the OOM score may not be lowered (no CAP_SYS_RESOURCE, as in
-  # a container), keep the pause container's at containerd's own.
-  restrict_oom_score_adj = $(if capsh --has-p=cap_sys_resource 2>/dev/null; then echo false; else echo true; fi)
+  restrict_oom_score_adj = $restrict
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$dir/net.d"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$dir/certs.d"
 TOML
-  containerd --config "$dir/config.toml" >"$dir/log" 2>&1 &
+  fi
+  PATH=$path "$bin" --config "$dir/config.toml" >"$dir/log" 2>&1 &
   echo $! >"$dir/pid"
-  wait_for "containerd with CRI at $CRI_CTRD_SOCK" 200 ctr --address "$CRI_CTRD_SOCK" --connect-timeout 1s version
-  log "containerd with its CRI plugin at $CRI_CTRD_SOCK"
+  wait_for "containerd with CRI at $CRI_CTRD_SOCK" 200 env PATH="$path" ctr --address "$CRI_CTRD_SOCK" --connect-timeout 1s version
+  log "$(PATH=$path "$bin" --version) with its CRI plugin at $CRI_CTRD_SOCK"
+}
+
+# Stops the containerd of cri_containerd_up, its pods' shims and its network, and removes
+# its directory, so that the other containerd line can take its place.
+cri_containerd_down() {
+  kill_shims "containerd-shim.*-address $CRI_CTRD_SOCK"
+  stop_pidfile "$CRI_CTRD_DIR/pid"
+  ip link del cribench0 2>/dev/null || true
+  local m
+  for m in $(awk -v d="$CRI_CTRD_DIR/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
+  rm -rf "$CRI_CTRD_DIR"
 }
 
 images_up() {
@@ -711,6 +752,7 @@ run_soak() {
       SOAK_MINUTES=${SOAK_MINUTES:-10} cargo test --features failpoints --test soak -- \
         --ignored --nocapture || rc=1
       cp target/soak-summary.txt "target/soak-summary-$which.txt" 2>/dev/null || true
+      cp target/soak-crius.log "target/soak-crius-$which.log" 2>/dev/null || true
       exit $rc
     ) || failed+=("containerd $which")
   done
@@ -734,15 +776,26 @@ run_benches() {
   trap down EXIT
   up
   push_big_image
-  cri_containerd_up
-  eval "$(print_env 1)"
-  export CRIUS_BENCH_CRI_CONTAINERD=$CRI_CTRD_SOCK CRIUS_BENCH_CONTAINERD_PID=$CTRD_DIR/pid
-  export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
-  # First, while the test bed's containerd holds nothing but the test images: the table
-  # of every operation against containerd's CRI (`make bench` stops after it).
-  # shellcheck disable=SC2086 # $target is two words
-  cargo bench $target --bench lifecycle
+  # First, while the test bed's containerds hold nothing but the test images: the table of
+  # every operation against containerd's CRI, crius beside each containerd line against that
+  # line's own CRI (`make bench` stops after it). BENCH_CONTAINERDS="2" with
+  # CRIUS_CONTAINERD2_BIN runs it beside another 2.x build only, such as 2.3 built by hand.
+  local which
+  for which in ${BENCH_CONTAINERDS:-1 2}; do
+    cri_containerd_up "$which"
+    (
+      eval "$(print_env "$which")"
+      local dir=$CTRD_DIR
+      [ "$which" = 1 ] || dir=$CTRD2_DIR
+      export CRIUS_BENCH_CRI_CONTAINERD=$CRI_CTRD_SOCK CRIUS_BENCH_CONTAINERD_PID=$dir/pid
+      export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
+      # shellcheck disable=SC2086 # $target is two words
+      cargo bench $target --bench lifecycle
+    )
+    cri_containerd_down
+  done
   [ "${1:-}" = all ] || return 0
+  eval "$(print_env 1)"
   # shellcheck disable=SC2086
   cargo bench $target --bench shim
   # shellcheck disable=SC2086
@@ -764,6 +817,6 @@ case "${1:-}" in
   bench) run_benches "${2:-}" ;;
   big-image) push_big_image ;;
   volume-image) push_volume_image; push_declared_volumes_image; push_hostile_account_images ;;
-  cri-containerd) push_pause_image; cri_containerd_up ;;
+  cri-containerd) push_pause_image; cri_containerd_up "${2:-1}" ;;
   *) echo "usage: $0 deps|up|down|env|test|soak|bench|big-image|volume-image|cri-containerd" >&2; exit 2 ;;
 esac

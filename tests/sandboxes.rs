@@ -447,6 +447,43 @@ async fn a_failure_after_cni_add_leaves_nothing_behind() {
     assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
 }
 
+/// The soak found it: a creation failing while containerd restarts could not destroy its
+/// pause task, then deleted the record, and the task ran on with nothing naming it. The
+/// undo destroys the task again while the connection is broken.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_pause_task_containerd_could_not_destroy_for_a_moment_is_destroyed_by_the_undo() {
+    let mut network = None;
+    let crius = Crius::start_with(
+        |c| network = Some(TestNetwork::install(c, 87)),
+        &[(
+            "CRIUS_FAILPOINTS",
+            "sandbox_after_cni=error;undo_destroy_task=error(2)",
+        )],
+    )
+    .await;
+    let network = network.unwrap();
+    let mut client = crius.client().await;
+    let err = run(&mut client, pod_config("undo-retry"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+    assert_eq!(crius.ctr(&["tasks", "ls", "-q"]).trim(), "");
+    assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
+    assert_no_trace(&crius, "", "", &network);
+    assert_eq!(
+        crius
+            .log()
+            .matches("undo: trying again to destroy the task")
+            .count(),
+        2,
+        "the first two tries failed and were retried"
+    );
+}
+
 #[tokio::test]
 async fn a_runtime_that_cannot_start_the_task_leaves_nothing_behind() {
     let mut network = None;

@@ -24,6 +24,21 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+/// Whether a failed call's status says the connection under it broke (containerd, or the
+/// shim containerd relays to, went away in the middle), not that the call was refused: the
+/// same call can succeed once they are back. tonic answers UNAVAILABLE when it cannot
+/// connect and "transport error" when a connection breaks; containerd relays a shim's lost
+/// connection as "ttrpc: closed".
+pub fn connection_lost(status: &tonic::Status) -> bool {
+    const BROKEN: [&str; 3] = [
+        "transport error",
+        "The service is currently unavailable",
+        "ttrpc: closed",
+    ];
+    status.code() == tonic::Code::Unavailable
+        || BROKEN.iter().any(|words| status.message().contains(words))
+}
+
 /// Errors talking to containerd.
 #[derive(Debug, thiserror::Error)]
 pub enum ContainerdError {
@@ -221,4 +236,31 @@ async fn dial(path: &Path) -> Result<Channel, String> {
             }
             text
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_lost;
+    use tonic::Status;
+
+    #[test]
+    fn a_broken_connection_is_told_from_a_refusal() {
+        for broken in [
+            Status::unavailable("No such file or directory (os error 2)"),
+            Status::internal(
+                "containerd kill task: code: 'Unknown error', message: \"transport error\"",
+            ),
+            Status::internal("containerd get task: code: 'The service is currently unavailable'"),
+            Status::internal("containerd kill task: message: \"ttrpc: closed: unknown\""),
+        ] {
+            assert!(connection_lost(&broken), "{broken:?}");
+        }
+        for refused in [
+            Status::internal("containerd create task: OCI runtime create failed"),
+            Status::not_found("task abc not found"),
+            Status::deadline_exceeded("task abc did not exit within 10s of SIGKILL"),
+        ] {
+            assert!(!connection_lost(&refused), "{refused:?}");
+        }
+    }
 }

@@ -497,7 +497,7 @@ impl CriService {
             .map_err(|e| Status::internal(format!("creating the container: {e}")))?;
         let (service, id) = (self.clone(), new.id.clone());
         undo.push("delete container record", async move {
-            let _ = service.containerd.delete_container(&id).await;
+            let _ = service.delete_record_for_undo(&id).await;
         });
         Ok(())
     }

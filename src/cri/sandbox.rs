@@ -26,6 +26,10 @@ const SANDBOX_METADATA_TYPE: &str = "crius.io/SandboxMetadata/v1";
 const SHM_SIZE: u64 = 64 * 1024 * 1024;
 /// How long stopping waits for a killed task to exit.
 pub const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long the undo of a failed creation keeps trying a step while the connection to
+/// containerd is broken (a containerd restart takes seconds): a task or record left behind
+/// would outlive what crius knows of it.
+const UNDO_RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// A new sandbox or container ID: 64 hex digits, as containerd's CRI makes them.
 pub fn new_id() -> String {
@@ -227,6 +231,27 @@ impl CriService {
         Ok(())
     }
 
+    /// [`Self::destroy_task`] for the undo of a failed creation: tried again while the
+    /// connection under it is broken.
+    pub(crate) async fn destroy_task_for_undo(&self, id: &str) -> Result<(), Status> {
+        undo_step_retried("destroy the task", id, || async {
+            crate::failpoint::hit("undo_destroy_task")
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            self.destroy_task(id).await
+        })
+        .await
+    }
+
+    /// Deletes the containerd record of a failed creation, tried again while the
+    /// connection under it is broken.
+    pub(crate) async fn delete_record_for_undo(&self, id: &str) -> Result<(), Status> {
+        undo_step_retried("delete the record", id, || async {
+            self.containerd.delete_container(id).await.map_err(internal)
+        })
+        .await
+    }
+
     async fn kill_and_delete_task(&self, id: &str) -> Result<(), Status> {
         let Some(state) = self.containerd.task_state(id).await.map_err(internal)? else {
             return Ok(());
@@ -386,6 +411,30 @@ pub fn pod_ref(metadata: &SandboxMetadata) -> PodRef {
         namespace: pod.namespace,
         uid: pod.uid,
         netns: metadata.netns_path.clone(),
+    }
+}
+
+/// Runs `step` of an undo, again while the connection under it is broken (containerd
+/// restarting), for up to `UNDO_RETRY_FOR`.
+async fn undo_step_retried<F, Fut>(what: &str, id: &str, mut step: F) -> Result<(), Status>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), Status>>,
+{
+    let until = tokio::time::Instant::now() + UNDO_RETRY_FOR;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match step().await {
+            Err(e)
+                if crate::containerd::connection_lost(&e)
+                    && tokio::time::Instant::now() + pause < until =>
+            {
+                tracing::info!(id, error = %e.message(), "undo: trying again to {what} in {pause:?}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
     }
 }
 

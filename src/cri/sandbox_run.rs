@@ -407,7 +407,7 @@ impl CriService {
             // Also when creating it failed: the RPC may fail after the shim made the task.
             let (service, id) = (self.clone(), id.to_string());
             undo.push("destroy sandbox task", async move {
-                if let Err(e) = service.destroy_task(&id).await {
+                if let Err(e) = service.destroy_task_for_undo(&id).await {
                     tracing::warn!(sandbox = %id, error = %e, "undo: destroying task failed");
                 }
             });
@@ -493,7 +493,7 @@ impl CriService {
                 .map_err(|e| Status::internal(format!("creating the sandbox container: {e}")))?;
             let (service, id) = (self.clone(), id.to_string());
             undo.push("delete sandbox container", async move {
-                let _ = service.containerd.delete_container(&id).await;
+                let _ = service.delete_record_for_undo(&id).await;
             });
             Ok::<Vec<Mount>, Status>(mounts)
         }

@@ -59,23 +59,19 @@ impl CriService {
     async fn sandbox_info(&self, sandbox: &Arc<Sandbox>) -> serde_json::Value {
         let metadata = sandbox.metadata();
         let status = sandbox.status();
-        let record = self
-            .containerd
-            .get_container(&metadata.id)
-            .await
-            .ok()
-            .flatten();
+        // The record and the task's state are independent: one round trip's wait, not two.
+        // The state comes from the shim; a hung shim must not hang the status.
+        let (record, task) = tokio::join!(
+            self.containerd.get_container(&metadata.id),
+            tokio::time::timeout(TASK_STATE_TIMEOUT, self.containerd.task_state(&metadata.id)),
+        );
         let spec = record
+            .ok()
+            .flatten()
             .as_ref()
             .and_then(|c| c.spec.as_ref())
             .and_then(|any| serde_json::from_slice::<serde_json::Value>(&any.value).ok());
-        // The task's state comes from its shim; a hung shim must not hang the status.
-        let process_status = match tokio::time::timeout(
-            TASK_STATE_TIMEOUT,
-            self.containerd.task_state(&metadata.id),
-        )
-        .await
-        {
+        let process_status = match task {
             Ok(Ok(Some(task))) => format!("{:?}", task.status).to_lowercase(),
             Ok(Ok(None)) => "deleted".to_string(),
             Ok(Err(_)) | Err(_) => "unknown".to_string(),

@@ -154,11 +154,15 @@ impl CriServer {
 
     /// A call that broke while containerd is unreachable failed for that reason: say so with
     /// `UNAVAILABLE`, which clients retry, rather than `INTERNAL`.
+    /// So does one whose connection to containerd (or containerd's to a shim) broke under
+    /// it, before crius noticed containerd was gone.
     fn unavailable_while_containerd_is_away(&self, status: Status) -> Status {
-        if matches!(status.code(), Code::Internal | Code::Unknown)
-            && !self.service.containerd_reachable()
-        {
+        if !matches!(status.code(), Code::Internal | Code::Unknown) {
+            status
+        } else if !self.service.containerd_reachable() {
             Status::unavailable(format!("containerd is not reachable: {}", status.message()))
+        } else if crate::containerd::connection_lost(&status) {
+            Status::unavailable(format!("the connection broke: {}", status.message()))
         } else {
             status
         }
