@@ -515,6 +515,8 @@ TOML
 version = 3
 root = "$dir/root"
 state = "$dir/state"
+# Two containerds must not share NRI's socket: the test bed's own 2.x runs beside this one.
+disabled_plugins = ["io.containerd.nri.v1.nri"]
 [grpc]
   address = "$CRI_CTRD_SOCK"
 [ttrpc]
@@ -534,6 +536,7 @@ TOML
 version = 2
 root = "$dir/root"
 state = "$dir/state"
+disabled_plugins = ["io.containerd.nri.v1.nri"]
 [grpc]
   address = "$CRI_CTRD_SOCK"
 [ttrpc]
@@ -780,7 +783,7 @@ run_benches() {
   # every operation against containerd's CRI, crius beside each containerd line against that
   # line's own CRI (`make bench` stops after it). BENCH_CONTAINERDS="2" with
   # CRIUS_CONTAINERD2_BIN runs it beside another 2.x build only, such as 2.3 built by hand.
-  local which
+  local which failed=()
   for which in ${BENCH_CONTAINERDS:-1 2}; do
     cri_containerd_up "$which"
     (
@@ -791,9 +794,13 @@ run_benches() {
       export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
       # shellcheck disable=SC2086 # $target is two words
       cargo bench $target --bench lifecycle
-    )
+    ) || failed+=("containerd $which")
     cri_containerd_down
   done
+  if ((${#failed[@]})); then
+    log "the lifecycle benchmark failed beside: ${failed[*]}"
+    return 1
+  fi
   [ "${1:-}" = all ] || return 0
   eval "$(print_env 1)"
   # shellcheck disable=SC2086

@@ -3,6 +3,8 @@
 //! them and nothing else ever removes them.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -12,6 +14,9 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const EMPTYING: Duration = Duration::from_secs(5);
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
+/// The background removals still going: the shim waits for them before it exits.
+static PENDING: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
 /// Removes the container's cgroup at the spec's `cgroupsPath` (a cgroupfs path) from every
 /// hierarchy where it is empty: the unified one and each v1 controller's. One that still
 /// has a process (or a child) is tried again in the background for a few seconds; runc's
@@ -19,7 +24,23 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 pub fn remove_empty(cgroups_path: &str) {
     let busy = remove_empty_below(Path::new(CGROUP_ROOT), cgroups_path);
     if !busy.is_empty() {
-        std::thread::spawn(move || remove_when_empty(busy, EMPTYING));
+        let removal = std::thread::spawn(move || remove_when_empty(busy, EMPTYING));
+        if let Ok(mut pending) = PENDING.lock() {
+            pending.retain(|r| !r.is_finished());
+            pending.push(removal);
+        }
+    }
+}
+
+/// Waits for the background removals (each ends within `EMPTYING`): a shim exiting right
+/// after a failed create would otherwise take an unfinished one with it.
+pub fn finish_pending() {
+    let removals = match PENDING.lock() {
+        Ok(mut pending) => std::mem::take(&mut *pending),
+        Err(_) => return,
+    };
+    for removal in removals {
+        let _ = removal.join();
     }
 }
 

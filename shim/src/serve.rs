@@ -113,6 +113,7 @@ async fn serve(flags: &Flags) -> ActionResult {
     // The publisher forwards from a queue of its own.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let _ = std::fs::remove_file(flags.socket.trim_start_matches("unix://"));
+    let _ = tokio::task::spawn_blocking(crate::cgroup_leaf::finish_pending).await;
     log::info!("shim exiting: no containers or pod left");
     Ok(())
 }

@@ -162,7 +162,10 @@ impl CriServer {
         } else if !self.service.containerd_reachable() {
             Status::unavailable(format!("containerd is not reachable: {}", status.message()))
         } else if crate::containerd::connection_lost(&status) {
-            Status::unavailable(format!("the connection broke: {}", status.message()))
+            Status::unavailable(format!(
+                "containerd or a shim was unreachable for a moment: {}",
+                status.message()
+            ))
         } else {
             status
         }
