@@ -510,17 +510,21 @@ server = "http://$REGISTRY_ADDR"
 [host."http://$REGISTRY_ADDR"]
   capabilities = ["pull", "resolve"]
 TOML
-  if [ "$which" = 2 ]; then
-    cat >"$dir/config.toml" <<TOML
-version = 3
+  # Two containerds must not share NRI's socket: the test bed's own 2.x runs beside this one.
+  local version=2
+  [ "$which" = 1 ] || version=3
+  cat >"$dir/config.toml" <<TOML
+version = $version
 root = "$dir/root"
 state = "$dir/state"
-# Two containerds must not share NRI's socket: the test bed's own 2.x runs beside this one.
 disabled_plugins = ["io.containerd.nri.v1.nri"]
 [grpc]
   address = "$CRI_CTRD_SOCK"
 [ttrpc]
   address = "$CRI_CTRD_SOCK.ttrpc"
+TOML
+  if [ "$which" = 2 ]; then
+    cat >>"$dir/config.toml" <<TOML
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "$REGISTRY_ADDR/bench/pause:1"
 [plugins."io.containerd.cri.v1.images".registry]
@@ -532,15 +536,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   conf_dir = "$dir/net.d"
 TOML
   else
-    cat >"$dir/config.toml" <<TOML
-version = 2
-root = "$dir/root"
-state = "$dir/state"
-disabled_plugins = ["io.containerd.nri.v1.nri"]
-[grpc]
-  address = "$CRI_CTRD_SOCK"
-[ttrpc]
-  address = "$CRI_CTRD_SOCK.ttrpc"
+    cat >>"$dir/config.toml" <<TOML
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$REGISTRY_ADDR/bench/pause:1"
   restrict_oom_score_adj = $restrict
