@@ -26,7 +26,7 @@ use crate::image::load::load_image;
 use crate::io::ContainerIo;
 use crate::server::CriService;
 use crate::store::container::read_status;
-use crate::store::{Container, ContainerMetadata, ContainerState, ContainerStatus};
+use crate::store::{Container, ContainerMetadata, ContainerState, ContainerStatus, RecordView};
 use crate::store::{ImageStore, Sandbox, SandboxState, SandboxStatus};
 use containerd_client::services::v1::Container as ContainerRecord;
 
@@ -272,13 +272,18 @@ fn rebuilt_container(
             return None;
         }
     };
-    Some(Arc::new(Container::new(
+    let container = Arc::new(Container::new(
         metadata,
         status,
         service.container_root_dir(&id).join("status"),
         io,
         process_spec,
-    )))
+    ));
+    let runtime_type = record.runtime.as_ref().map_or("", |r| r.name.as_str());
+    container.keep_record(
+        (record.spec.as_ref()).and_then(|any| RecordView::new(runtime_type, &any.value)),
+    );
+    Some(container)
 }
 
 /// Brings the container's status in line with its task: a running task gets its output

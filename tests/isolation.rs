@@ -808,9 +808,20 @@ async fn memory_and_cpu_limits_apply_and_update_live() {
     // The record keeps them too: a restarted crius reports them.
     crius.restart().await;
     pod.client = crius.client().await;
-    let (status, _) = pod.status(&id).await;
+    let (status, info) = pod.status(&id).await;
     let kept = status.resources.unwrap().linux.unwrap();
     assert_eq!(kept.memory_limit_in_bytes, 64 * 1024 * 1024);
     assert_eq!(kept.cpuset_cpus, "");
+    assert_eq!(
+        info["runtimeSpec"]["linux"]["resources"]["memory"]["limit"],
+        64 * 1024 * 1024,
+        "the restarted crius shows the updated spec"
+    );
+    assert!(
+        info["runtimeType"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("io.containerd.")),
+        "{info}"
+    );
     pod.remove_pod().await;
 }

@@ -27,7 +27,7 @@ use crate::oci::user::{AccountFiles, ResolvedUser, cri_user_string, resolve_with
 use crate::oci::{self};
 use crate::server::CriService;
 use crate::store::{
-    Container, ContainerMetadata, ContainerStatus, Image, SandboxMetadata, SandboxState,
+    Container, ContainerMetadata, ContainerStatus, Image, RecordView, SandboxMetadata, SandboxState,
 };
 use crate::undo::Undo;
 
@@ -248,11 +248,17 @@ impl CriService {
         // files are made.
         let (made, ()) = tokio::join!(
             async {
-                let (metadata, process_spec, rootfs) = recorded?;
+                let Recorded {
+                    metadata,
+                    process_spec,
+                    rootfs,
+                    view,
+                } = recorded?;
                 let container =
                     persist_new_container(metadata, process_spec, &new.config, root_dir, state_dir)
                         .await?;
                 container.keep_rootfs_mounts(rootfs);
+                container.keep_record(view);
                 Ok::<_, Status>(container)
             },
             self.creation_leases.finish(&lease)
@@ -308,7 +314,7 @@ impl CriService {
         undo: &mut Undo,
         new: &NewContainer,
         lease: &str,
-    ) -> Result<(ContainerMetadata, Box<[u8]>, Vec<Mount>), Status> {
+    ) -> Result<Recorded, Status> {
         let snapshotter = self.snapshotter_of(&new.sandbox.snapshotter).to_string();
         let pod_userns = self.sandbox_user_namespace(&new.sandbox);
         let mounts = match self
@@ -353,12 +359,18 @@ impl CriService {
             .map_err(internal)?
             .into_boxed_slice();
         let metadata = container_metadata(new, &spec, &user);
-        self.record_container(undo, new, &metadata, &spec, &snapshotter, lease)
+        let view = self
+            .record_container(undo, new, &metadata, &spec, &snapshotter, lease)
             .await?;
         crate::failpoint::hit("container_after_record")
             .await
             .map_err(internal)?;
-        Ok((metadata, process_spec, mounts))
+        Ok(Recorded {
+            metadata,
+            process_spec,
+            rootfs: mounts,
+            view,
+        })
     }
 
     /// The container's OCI spec and the user it runs as, from the image's rootfs (its
@@ -465,7 +477,7 @@ impl CriService {
     }
 
     /// Records the container in containerd (the record holds its snapshot from then on),
-    /// deleted by `undo`.
+    /// deleted by `undo`; returns what the verbose status shows of the record.
     async fn record_container(
         &self,
         undo: &mut Undo,
@@ -474,9 +486,11 @@ impl CriService {
         spec: &oci_spec::runtime::Spec,
         snapshotter: &str,
         lease: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<Option<RecordView>, Status> {
         let mut labels = new.config.labels.clone();
         labels.insert(KIND_LABEL.to_string(), KIND_CONTAINER.to_string());
+        let spec_any = oci::to_any(spec).map_err(internal)?;
+        let view = RecordView::new(&new.runtime.runtime_type, &spec_any.value);
         let record = ContainerRecord {
             id: new.id.clone(),
             labels,
@@ -485,7 +499,7 @@ impl CriService {
                 &new.runtime.runtime_type,
                 super::sandbox_run::runtime_options(&new.runtime),
             ),
-            spec: Some(oci::to_any(spec).map_err(internal)?),
+            spec: Some(spec_any),
             snapshotter: snapshotter.to_string(),
             snapshot_key: new.id.clone(),
             extensions: metadata_extension(metadata)?,
@@ -499,8 +513,16 @@ impl CriService {
         undo.push("delete container record", async move {
             let _ = service.delete_record_for_undo(&id).await;
         });
-        Ok(())
+        Ok(view)
     }
+}
+
+/// What `snapshot_and_record` made of a new container.
+struct Recorded {
+    metadata: ContainerMetadata,
+    process_spec: Box<[u8]>,
+    rootfs: Vec<Mount>,
+    view: Option<RecordView>,
 }
 
 /// What CreateContainer settled before it makes anything: the request checked, the pod

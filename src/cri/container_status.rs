@@ -13,7 +13,21 @@ use tonic::Status;
 use super::container::{cri_state, cri_stop_signal};
 use super::sandbox_status::labels_match;
 use crate::server::CriService;
-use crate::store::Container;
+use crate::store::{Container, RecordView};
+
+/// The verbose `info` of a container, with containerd's CRI's keys.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerInfo<'a> {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: &'a str,
+    pid: u32,
+    snapshot_key: &'a str,
+    snapshotter: &'a str,
+    runtime_type: Option<&'a str>,
+    config: &'a crate::api::v1::ContainerConfig,
+    runtime_spec: Option<&'a serde_json::value::RawValue>,
+}
 
 impl CriService {
     /// `image_ref` as containerd reports it: the image's repo digest when it has one.
@@ -39,10 +53,7 @@ impl CriService {
         let container = self.require_container(&req.container_id)?;
         let mut info = HashMap::new();
         if req.verbose {
-            info.insert(
-                "info".to_string(),
-                self.container_info(&container).await.to_string(),
-            );
+            info.insert("info".to_string(), self.container_info(&container).await);
         }
         Ok(ContainerStatusResponse {
             status: Some(self.container_cri_status(&container)),
@@ -86,27 +97,29 @@ impl CriService {
         }
     }
 
-    /// The verbose `info` of a container, as containerd's CRI reports it.
-    async fn container_info(&self, container: &Arc<Container>) -> serde_json::Value {
-        let record = self
-            .containerd
-            .get_container(container.id())
-            .await
-            .ok()
-            .flatten();
-        let spec = record
-            .as_ref()
-            .and_then(|c| c.spec.as_ref())
-            .and_then(|any| serde_json::from_slice::<serde_json::Value>(&any.value).ok());
-        serde_json::json!({
-            "sandboxID": container.metadata.sandbox_id,
-            "pid": container.status().pid,
-            "snapshotKey": container.id(),
-            "snapshotter": self.snapshotter_of(&container.metadata.snapshotter),
-            "runtimeType": record.as_ref().and_then(|r| r.runtime.as_ref()).map(|r| r.name.clone()),
-            "config": container.metadata.config,
-            "runtimeSpec": spec,
-        })
+    /// The verbose `info` of a container, as containerd's CRI reports it: from the record
+    /// kept in memory, read from containerd only when crius has none.
+    async fn container_info(&self, container: &Arc<Container>) -> String {
+        let view = match container.record() {
+            Some(view) => Some(view),
+            None => self.read_record_view(container.id()).await.map(Arc::new),
+        };
+        let info = ContainerInfo {
+            sandbox_id: &container.metadata.sandbox_id,
+            pid: container.status().pid,
+            snapshot_key: container.id(),
+            snapshotter: self.snapshotter_of(&container.metadata.snapshotter),
+            runtime_type: view.as_ref().map(|v| v.runtime_type.as_str()),
+            config: &container.metadata.config,
+            runtime_spec: view.as_ref().map(|v| &*v.spec),
+        };
+        serde_json::to_string(&info).unwrap_or_default()
+    }
+
+    async fn read_record_view(&self, id: &str) -> Option<RecordView> {
+        let record = self.containerd.get_container(id).await.ok().flatten()?;
+        let runtime_type = record.runtime.as_ref().map_or("", |r| r.name.as_str());
+        RecordView::new(runtime_type, &record.spec?.value)
     }
 
     pub async fn list_containers(

@@ -9,7 +9,7 @@ use super::sandbox::internal;
 use crate::api::v1::LinuxContainerResources;
 use crate::oci::container::linux_resources;
 use crate::server::CriService;
-use crate::store::{ContainerMetadata, ContainerState};
+use crate::store::{ContainerMetadata, ContainerState, RecordView};
 
 /// The type URL of OCI Linux resources, as containerd's task update expects them.
 const RESOURCES_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources";
@@ -48,7 +48,7 @@ impl CriService {
             &container.metadata,
             Some(linux.clone()),
         ))?;
-        self.store_record(&id, &spec, metadata).await?;
+        let spec_bytes = self.store_record(&id, &spec, metadata).await?;
         if state == ContainerState::Running
             && let Err(e) = self.apply_task_resources(&id, &resources).await
         {
@@ -58,6 +58,11 @@ impl CriService {
             return Err(e);
         }
         container.set_resources(linux);
+        let runtime_type = container.record().map(|view| view.runtime_type.clone());
+        container.keep_record(RecordView::new(
+            runtime_type.as_deref().unwrap_or_default(),
+            &spec_bytes,
+        ));
         tracing::info!(container = %id, "container resources updated");
         Ok(UpdateContainerResourcesResponse {})
     }
@@ -79,21 +84,24 @@ impl CriService {
             .map(Option::unwrap_or_default)
     }
 
-    /// Replaces the container record's spec and crius's metadata in it, in one update.
+    /// Replaces the container record's spec and crius's metadata in it, in one update;
+    /// returns the spec as written.
     async fn store_record(
         &self,
         id: &str,
         spec: &serde_json::Value,
         metadata: std::collections::HashMap<String, prost_types::Any>,
-    ) -> Result<(), Status> {
+    ) -> Result<Vec<u8>, Status> {
+        let value = serde_json::to_vec(spec).map_err(internal)?;
         let spec = prost_types::Any {
             type_url: crate::oci::SPEC_TYPE_URL.to_string(),
-            value: serde_json::to_vec(spec).map_err(internal)?,
+            value: value.clone(),
         };
         self.containerd
             .update_container_spec_and_extensions(id, spec, metadata)
             .await
-            .map_err(internal)
+            .map_err(internal)?;
+        Ok(value)
     }
 
     /// Applies `resources` to the running task; a container that exited meanwhile is

@@ -107,6 +107,29 @@ pub struct Container {
     /// The rootfs mounts its snapshot was prepared with, until StartContainer takes them
     /// (one round trip to containerd less); not kept across a restart of crius.
     rootfs_mounts: Mutex<Option<Vec<containerd_client::types::Mount>>>,
+    /// What containerd's record says of it that the verbose status shows, kept so that
+    /// the status needs no round trip to containerd; None when the record had no spec.
+    record: Mutex<Option<Arc<RecordView>>>,
+}
+
+/// The parts of a container's containerd record the verbose status shows.
+#[derive(Debug)]
+pub struct RecordView {
+    pub runtime_type: String,
+    /// The OCI runtime spec as the record holds it (JSON text, shown as it is).
+    pub spec: Box<serde_json::value::RawValue>,
+}
+
+impl RecordView {
+    /// None when `spec` is not JSON.
+    pub fn new(runtime_type: &str, spec: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(spec).ok()?;
+        let spec = serde_json::value::RawValue::from_string(text.to_string()).ok()?;
+        Some(Self {
+            runtime_type: runtime_type.to_string(),
+            spec,
+        })
+    }
 }
 
 impl Container {
@@ -131,7 +154,21 @@ impl Container {
             lifecycle: tokio::sync::Mutex::new(()),
             resources: Mutex::new(None),
             rootfs_mounts: Mutex::new(None),
+            record: Mutex::new(None),
         }
+    }
+
+    /// Keeps what the verbose status shows of the container's record (after it was
+    /// written or rewritten).
+    pub fn keep_record(&self, view: Option<RecordView>) {
+        *self.record.lock().unwrap_or_else(|p| p.into_inner()) = view.map(Arc::new);
+    }
+
+    pub fn record(&self) -> Option<Arc<RecordView>> {
+        self.record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Keeps the mounts of the freshly prepared rootfs snapshot for the task's creation.

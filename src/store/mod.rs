@@ -10,7 +10,7 @@ pub mod name_registrar;
 pub mod sandbox;
 
 pub use container::{
-    Container, ContainerMetadata, ContainerState, ContainerStatus, ContainerStore,
+    Container, ContainerMetadata, ContainerState, ContainerStatus, ContainerStore, RecordView,
 };
 pub use id_index::{IdIndex, IdLookupError};
 pub use image::{Image, ImageStore};
