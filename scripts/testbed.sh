@@ -42,7 +42,7 @@ LAYOUT=$TB/images/oci
 PACKAGES=(
   containerd runc containernetworking-plugins protobuf-compiler docker-registry skopeo
   umoci busybox-static iproute2 iptables iputils-ping curl ca-certificates apache2-utils python3
-  criu systemd
+  criu systemd zstd
 )
 
 log() { printf '[testbed] %s\n' "$*" >&2; }
@@ -468,6 +468,26 @@ push_big_image() {
   log "pushed $REGISTRY_ADDR/bench/big:latest"
 }
 
+# A many-layer image (scripts/layered-image.py) as <repo>:gzip and <repo>:zstd. Its layout
+# is kept under $TB/cache across test beds: the benchmark's 1.1 GiB one takes a minute to
+# make.
+push_layered_image() {
+  local name=$1 scale=$2 repo=$3 layout kind
+  # Made again when the script changes.
+  layout=$TB/cache/layered-$name-$scale-$(md5sum <"$ROOT/scripts/layered-image.py" | cut -c1-8)
+  if [ ! -f "$layout/index.json" ]; then
+    rm -rf "$layout.tmp"
+    mkdir -p "$TB/cache"
+    python3 "$ROOT/scripts/layered-image.py" "$layout.tmp" "$name" "$scale" >&2
+    mv "$layout.tmp" "$layout"
+  fi
+  for kind in gzip zstd; do
+    skopeo copy --quiet --dest-tls-verify=false "oci:$layout:$name-$kind" \
+      "docker://$REGISTRY_ADDR/$repo:$kind"
+  done
+  log "pushed $REGISTRY_ADDR/$repo:gzip and :zstd"
+}
+
 # crius's pause program as a registry image, so that crius and containerd's built-in CRI
 # run the same sandbox in the lifecycle benchmark.
 push_pause_image() {
@@ -578,6 +598,7 @@ images_up() {
   push_volume_image
   push_declared_volumes_image
   push_hostile_account_images
+  push_layered_image layered 0.002 test/layered
   # The sandbox image containerd's own CRI pulls in the tests that run pods inside it.
   push_pause_image
   skopeo copy --quiet --dest-tls-verify=false --dest-creds "$AUTH_USER:$AUTH_PASSWORD" \
@@ -818,8 +839,9 @@ case "${1:-}" in
   test) run_tests ;;
   soak) run_soak ;;
   bench) run_benches "${2:-}" ;;
-  big-image) push_big_image ;;
+  big-image) push_big_image; push_layered_image huge 1 bench/huge ;;
+  layered-image) push_layered_image "$2" "$3" "$4" ;;
   volume-image) push_volume_image; push_declared_volumes_image; push_hostile_account_images ;;
   cri-containerd) push_pause_image; cri_containerd_up "${2:-1}" ;;
-  *) echo "usage: $0 deps|up|down|env|test|soak|bench|big-image|volume-image|cri-containerd" >&2; exit 2 ;;
+  *) echo "usage: $0 deps|up|down|env|test|soak|bench|big-image|layered-image|volume-image|cri-containerd" >&2; exit 2 ;;
 esac

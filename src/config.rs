@@ -399,6 +399,18 @@ pub struct ImageConfig {
     /// manifest promised, on top of `pull_progress_timeout`. 0: no overall limit.
     pub pull_min_rate: u64,
     pub max_concurrent_downloads: usize,
+    /// Layers of one pull applied at once; 0: one per CPU.
+    pub max_concurrent_unpacks: usize,
+}
+
+impl ImageConfig {
+    /// How many layers of a pull are applied at once.
+    pub fn unpacks_at_once(&self) -> usize {
+        match self.max_concurrent_unpacks {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
 }
 
 impl Default for ImageConfig {
@@ -408,6 +420,7 @@ impl Default for ImageConfig {
             pull_progress_timeout: Duration::from_secs(5 * 60),
             pull_min_rate: 16 * 1024,
             max_concurrent_downloads: 3,
+            max_concurrent_unpacks: 0,
         }
     }
 }
@@ -895,6 +908,8 @@ pull_progress_timeout = "5m"
 # second (at most 24 h). 0: no overall limit.
 pull_min_rate = 16384
 max_concurrent_downloads = 3
+# Layers of one pull applied at once (overlayfs: each ahead of its parent); 0: one per CPU.
+max_concurrent_unpacks = 0
 
 [registry]
 # A containerd-style hosts directory: <config_path>/<host>/hosts.toml.
@@ -1111,6 +1126,7 @@ sandbox_image = ""
 pull_progress_timeout = "5m"
 pull_min_rate = 16384
 max_concurrent_downloads = 3
+max_concurrent_unpacks = 0
 [registry]
 config_path = ""
 [stream]

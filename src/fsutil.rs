@@ -81,6 +81,36 @@ fn relative_path(relative: &Path) -> PathBuf {
     }
 }
 
+/// Puts the directory `from` in the place of the empty directory `to`, in one atomic
+/// exchange (what was at `to` is left, empty, at `from`). Both must be the same kind of
+/// entry of sibling directories (`<root>/<a>/fs` and `<root>/<b>/fs`): the rename never
+/// moves a tree anywhere else.
+pub fn replace_empty_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    let root_of = |p: &Path| p.parent().and_then(Path::parent).map(Path::to_path_buf);
+    if root_of(from).is_none() || root_of(from) != root_of(to) || from.file_name() != to.file_name()
+    {
+        return Err(std::io::Error::other(format!(
+            "{} and {} are not siblings' directories",
+            from.display(),
+            to.display()
+        )));
+    }
+    if std::fs::read_dir(to)?.next().is_some() {
+        return Err(std::io::Error::other(format!(
+            "{} is not empty",
+            to.display()
+        )));
+    }
+    nix::fcntl::renameat2(
+        nix::fcntl::AT_FDCWD,
+        from,
+        nix::fcntl::AT_FDCWD,
+        to,
+        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+    )
+    .map_err(std::io::Error::from)
+}
+
 /// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename. A
 /// crash leaves either the old or the new content, never a mix. The directory is not
 /// synced (as containerd's own atomic writes): the rename reaches the disk with the file
@@ -162,6 +192,27 @@ pub fn read_bounded_string(path: &Path, limit: u64) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_staged_directory_takes_the_place_of_an_empty_sibling_only() {
+        let root = tempfile::tempdir().unwrap();
+        let (staged, upper) = (root.path().join("1/fs"), root.path().join("2/fs"));
+        std::fs::create_dir_all(&staged).unwrap();
+        std::fs::create_dir_all(&upper).unwrap();
+        std::fs::write(staged.join("file"), b"layer").unwrap();
+        replace_empty_dir(&staged, &upper).unwrap();
+        assert_eq!(std::fs::read(upper.join("file")).unwrap(), b"layer");
+        assert_eq!(std::fs::read_dir(&staged).unwrap().count(), 0, "left empty");
+
+        // Not onto a directory with something in it, nor anywhere but a sibling's fs.
+        std::fs::write(staged.join("other"), b"x").unwrap();
+        assert!(replace_empty_dir(&staged, &upper).is_err());
+        let elsewhere = root.path().join("3/work");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        assert!(replace_empty_dir(&staged, &elsewhere).is_err());
+        assert!(replace_empty_dir(&staged, Path::new("/tmp/x/fs")).is_err());
+        assert_eq!(std::fs::read(upper.join("file")).unwrap(), b"layer");
+    }
 
     #[test]
     fn a_bounded_read_takes_only_a_small_regular_file() {

@@ -1090,3 +1090,97 @@ async fn a_pull_past_its_deadline_is_deadline_exceeded_and_leaves_nothing() {
     assert!(!crius.ctr(&["images", "ls", "-q"]).contains(&slow));
     server.abort();
 }
+
+/// What a container of the layered test image sees of its files: every path with its
+/// checksum, and the outcome of the whiteout and the opaque directory.
+async fn layered_image_view(crius: &Crius, tag: &str) -> String {
+    let mut pod = common::pod::pod(crius, &format!("layered-{tag}")).await;
+    let name = format!("test/layered:{tag}");
+    pod.pull(&name).await;
+    let id = pod
+        .create(common::pod::container("view", &name, &["sleep", "3600"]))
+        .await
+        .expect("create");
+    pod.start(&id).await.expect("start");
+    let (out, err, code) = pod
+        .exec(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "test ! -e /data/victim && test ! -e /data/opq/old && cat /data/opq/new && \
+                 find /data /bin ! -type d | sort | xargs md5sum && find /data -type d | sort",
+            ],
+            60,
+        )
+        .await
+        .expect("exec");
+    assert_eq!(code, 0, "{out}{err}");
+    pod.remove_pod().await;
+    out
+}
+
+#[tokio::test]
+async fn layers_applied_ahead_of_their_parents_match_layers_applied_in_order() {
+    // One per CPU by default; the test VM has two: every layer but the first is staged.
+    let parallel = Crius::start_with(|c| c.image.max_concurrent_unpacks = 4, &[]).await;
+    let in_order = Crius::start_with(|c| c.image.max_concurrent_unpacks = 1, &[]).await;
+    for tag in ["gzip", "zstd"] {
+        let staged = layered_image_view(&parallel, tag).await;
+        assert!(staged.starts_with("only me\n"), "{staged}");
+        assert!(staged.lines().count() > 50, "{staged}");
+        assert_eq!(
+            staged,
+            layered_image_view(&in_order, tag).await,
+            "{tag}: the staged layers differ from the layers applied in order"
+        );
+    }
+    let log = parallel.log();
+    assert!(
+        log.contains("layer applied ahead of its parent") && log.contains("staged=true"),
+        "no layer was staged"
+    );
+    assert!(!in_order.log().contains("staged=true"));
+    for crius in [&parallel, &in_order] {
+        let active = crius.ctr(&["snapshots", "ls"]);
+        assert!(!active.contains("Active"), "{active}");
+        assert!(pull_leases(crius).is_empty());
+    }
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_pull_failing_while_layers_are_staged_leaves_no_content_or_snapshots() {
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start_with(
+        |c| c.image.max_concurrent_unpacks = 4,
+        &[("CRIUS_FAILPOINTS", "unpack_staging=error")],
+    )
+    .await;
+    let mut client = crius.client().await;
+    let content_before = content_digests(&crius);
+    let snapshots_before = crius.ctr(&["snapshots", "ls"]).lines().count();
+    let err = pull(&mut client, &format!("{registry}/test/layered:gzip"))
+        .await
+        .expect_err("failpoint");
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+    // The staged snapshots and the layers went with the pull's lease.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            crius.ctr(&["snapshots", "ls"]).lines().count() == snapshots_before
+        })
+        .await,
+        "snapshots left behind: {}",
+        crius.ctr(&["snapshots", "ls"])
+    );
+    assert!(pull_leases(&crius).is_empty());
+    assert_eq!(
+        content_digests(&crius),
+        content_before,
+        "content left behind"
+    );
+    assert!(list(&mut client).await.is_empty());
+}

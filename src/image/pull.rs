@@ -29,7 +29,7 @@ use super::manifest::{
 };
 use super::reference::Reference;
 use super::registry::{HttpClients, RegistryError, Resolved, Session};
-use super::unpack::{to_containerd, unpack_layer};
+use super::unpack::{Staged, finish_staged, stage_layer, to_containerd, unpack_layer};
 use crate::config::RegistryConfig;
 use crate::containerd::content::WriteError;
 use crate::containerd::{Containerd, ContainerdError};
@@ -111,7 +111,8 @@ impl PullError {
             Self::Failpoint(_) => Code::Internal,
             Self::Unpack(
                 super::unpack::UnpackError::Containerd(_)
-                | super::unpack::UnpackError::Failpoint(_),
+                | super::unpack::UnpackError::Failpoint(_)
+                | super::unpack::UnpackError::MoveStaged { .. },
             ) => Code::Internal,
             Self::Unpack(super::unpack::UnpackError::DiffIdMismatch { .. }) => Code::DataLoss,
         }
@@ -286,6 +287,8 @@ pub struct ImagePuller {
     images: Arc<ImageStore>,
     registry: RegistryConfig,
     max_downloads: usize,
+    /// Layers applied at once.
+    max_unpacks: usize,
     progress_timeout: Duration,
     /// Bytes a second a whole pull must average; 0: no overall limit.
     min_rate: u64,
@@ -299,6 +302,7 @@ impl ImagePuller {
         images: Arc<ImageStore>,
         registry: RegistryConfig,
         max_downloads: usize,
+        max_unpacks: usize,
         progress_timeout: Duration,
         min_rate: u64,
     ) -> Arc<Self> {
@@ -307,6 +311,7 @@ impl ImagePuller {
             images,
             registry,
             max_downloads: max_downloads.max(1),
+            max_unpacks: max_unpacks.max(1),
             progress_timeout,
             min_rate,
             http: HttpClients::default(),
@@ -672,7 +677,10 @@ impl ImagePuller {
         Ok(image)
     }
 
-    /// Downloads the layers concurrently and unpacks each, in order, once it is in.
+    /// Downloads the layers concurrently and applies each once it is in, up to
+    /// `max_unpacks` at a time: the first onto nothing, the others into staging snapshots
+    /// (overlayfs), each made the snapshot on its parent, in order, once that is committed.
+    /// Other snapshotters apply the layers one after another, in order.
     async fn fetch_and_unpack_layers(
         &self,
         session: &Arc<Session>,
@@ -684,9 +692,97 @@ impl ImagePuller {
     ) -> Result<(), PullError> {
         let layers = &docs.manifest.layers;
         progress.layers_total.store(layers.len(), Ordering::Relaxed);
+        let unpack_slots = Arc::new(Semaphore::new(self.max_unpacks));
+        let pending: Vec<PendingLayer> = self
+            .start_downloads(session, docs, lease, progress)
+            .into_iter()
+            .enumerate()
+            .map(|(i, download)| {
+                if i == 0 || self.max_unpacks < 2 {
+                    return PendingLayer::Download(download);
+                }
+                let stage = StageLayer {
+                    containerd: self.containerd.clone(),
+                    snapshotter: snapshotter.to_string(),
+                    lease: lease.to_string(),
+                    layer: layers[i].clone(),
+                    diff_id: docs.config.rootfs.diff_ids[i].clone(),
+                    chain_id: chain[i].clone(),
+                    index: i,
+                    progress: Arc::clone(progress),
+                };
+                let slots = Arc::clone(&unpack_slots);
+                PendingLayer::Staging(AbortOnDropHandle::new(tokio::spawn(
+                    stage.run(download, slots),
+                )))
+            })
+            .collect();
+
+        let mut parent = String::new();
+        for (i, pending) in pending.into_iter().enumerate() {
+            let staged = match pending {
+                PendingLayer::Download(download) => {
+                    downloaded(download, i, progress).await?;
+                    Staged::Unsupported
+                }
+                PendingLayer::Staging(stage) => stage
+                    .await
+                    .map_err(|e| PullError::Unsupported(format!("layer staging task: {e}")))??,
+            };
+            let (layer, diff_id) = (&layers[i], &docs.config.rootfs.diff_ids[i]);
+            match staged {
+                Staged::Present => {}
+                Staged::Ready { key, dir } => {
+                    finish_staged(
+                        &self.containerd,
+                        snapshotter,
+                        lease,
+                        layer,
+                        &key,
+                        &dir,
+                        &chain[i],
+                        &parent,
+                    )
+                    .await?
+                }
+                Staged::Unsupported => {
+                    let _slot = unpack_slots
+                        .acquire()
+                        .await
+                        .map_err(|_| PullError::Unsupported("unpack limiter closed".to_string()))?;
+                    unpack_layer(
+                        &self.containerd,
+                        snapshotter,
+                        lease,
+                        layer,
+                        diff_id,
+                        &chain[i],
+                        &parent,
+                    )
+                    .await?
+                }
+            }
+            progress.layer_done();
+            tracing::debug!(
+                layer = i,
+                elapsed_ms = progress.started.elapsed().as_millis() as u64,
+                "layer unpacked"
+            );
+            parent = chain[i].clone();
+        }
+        Ok(())
+    }
+
+    /// Starts every layer's download, at most `max_downloads` at a time.
+    fn start_downloads(
+        &self,
+        session: &Arc<Session>,
+        docs: &Documents,
+        lease: &str,
+        progress: &Arc<Progress>,
+    ) -> Vec<AbortOnDropHandle<Result<(), PullError>>> {
         let semaphore = Arc::new(Semaphore::new(self.max_downloads));
-        let downloads: Vec<AbortOnDropHandle<Result<(), PullError>>> = layers
-            .iter()
+        (docs.manifest.layers.iter())
             .zip(&docs.config.rootfs.diff_ids)
             .map(|(layer, diff_id)| {
                 let download = LayerDownload {
@@ -706,37 +802,7 @@ impl ImagePuller {
                     download.run().await
                 }))
             })
-            .collect();
-
-        let mut parent = String::new();
-        for (i, download) in downloads.into_iter().enumerate() {
-            download
-                .await
-                .map_err(|e| PullError::Unsupported(format!("layer download task: {e}")))??;
-            tracing::debug!(
-                layer = i,
-                elapsed_ms = progress.started.elapsed().as_millis() as u64,
-                "layer downloaded"
-            );
-            unpack_layer(
-                &self.containerd,
-                snapshotter,
-                lease,
-                &layers[i],
-                &docs.config.rootfs.diff_ids[i],
-                &chain[i],
-                &parent,
-            )
-            .await?;
-            progress.layer_done();
-            tracing::debug!(
-                layer = i,
-                elapsed_ms = progress.started.elapsed().as_millis() as u64,
-                "layer unpacked"
-            );
-            parent = chain[i].clone();
-        }
-        Ok(())
+            .collect()
     }
 
     /// Stores a small document (manifest, index, config) with its GC labels.
@@ -892,6 +958,72 @@ async fn fetch_small_blob(
         .into());
     }
     Ok(data)
+}
+
+/// A layer on its way: downloading (to be applied on its parent), or downloading and then
+/// staged ahead of its parent.
+enum PendingLayer {
+    Download(AbortOnDropHandle<Result<(), PullError>>),
+    Staging(AbortOnDropHandle<Result<Staged, PullError>>),
+}
+
+/// Waits for a layer's download.
+async fn downloaded(
+    download: AbortOnDropHandle<Result<(), PullError>>,
+    index: usize,
+    progress: &Progress,
+) -> Result<(), PullError> {
+    download
+        .await
+        .map_err(|e| PullError::Unsupported(format!("layer download task: {e}")))??;
+    tracing::debug!(
+        layer = index,
+        elapsed_ms = progress.started.elapsed().as_millis() as u64,
+        "layer downloaded"
+    );
+    Ok(())
+}
+
+/// A layer applied ahead of its parent once its download is in.
+struct StageLayer {
+    containerd: Containerd,
+    snapshotter: String,
+    lease: String,
+    layer: Descriptor,
+    diff_id: String,
+    chain_id: String,
+    index: usize,
+    progress: Arc<Progress>,
+}
+
+impl StageLayer {
+    async fn run(
+        self,
+        download: AbortOnDropHandle<Result<(), PullError>>,
+        slots: Arc<Semaphore>,
+    ) -> Result<Staged, PullError> {
+        downloaded(download, self.index, &self.progress).await?;
+        let _slot = slots
+            .acquire_owned()
+            .await
+            .map_err(|_| PullError::Unsupported("unpack limiter closed".to_string()))?;
+        let staged = stage_layer(
+            &self.containerd,
+            &self.snapshotter,
+            &self.lease,
+            &self.layer,
+            &self.diff_id,
+            &self.chain_id,
+        )
+        .await?;
+        tracing::debug!(
+            layer = self.index,
+            elapsed_ms = self.progress.started.elapsed().as_millis() as u64,
+            staged = matches!(staged, Staged::Ready { .. }),
+            "layer applied ahead of its parent"
+        );
+        Ok(staged)
+    }
 }
 
 /// One layer's download into the content store.

@@ -1,9 +1,19 @@
 //! Unpacking a layer into the snapshotter under its chain ID, as containerd's unpacker does:
 //! prepare an active snapshot on the parent, apply the layer, check the diff ID, commit.
+//!
+//! With the overlayfs snapshotter, a layer can also be applied before its parent is
+//! committed (containerd 2.2+'s parallel unpack does the same): into a parentless staging
+//! snapshot, handed to the diff service as an overlay upper directory so that whiteouts
+//! become overlay whiteouts; once the parent is committed, the staged directory becomes the
+//! upper directory of the real snapshot on the parent, which is committed under the chain
+//! ID. containerd 2.2+ does that last move in the snapshotter (a commit with a parent);
+//! beside 1.6 and 2.1 crius renames the directory, as both snapshots are still active.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use containerd_client::types::Descriptor as ContainerdDescriptor;
+use containerd_client::types::Mount;
 
 use super::manifest::Descriptor;
 use crate::containerd::Containerd;
@@ -14,6 +24,11 @@ pub enum UnpackError {
     Containerd(#[from] crate::containerd::ContainerdError),
     #[error(transparent)]
     Failpoint(#[from] crate::failpoint::Triggered),
+    #[error("moving the staged layer {layer} into its snapshot: {source}")]
+    MoveStaged {
+        layer: String,
+        source: std::io::Error,
+    },
     #[error("layer {layer} unpacked to {actual} but the config says {expected}")]
     DiffIdMismatch {
         layer: String,
@@ -41,54 +56,208 @@ pub async fn unpack_layer(
         crate::failpoint::hit("unpack_found_snapshot").await?;
         return Ok(());
     }
-    let key = format!(
+    let key = extract_key(chain_id);
+    let mounts = containerd
+        .prepare_snapshot(snapshotter, &key, parent, ref_labels(chain_id), Some(lease))
+        .await?;
+    apply_checked(containerd, snapshotter, lease, &key, layer, diff_id, mounts).await?;
+    commit_extracted(containerd, snapshotter, lease, &key, chain_id).await
+}
+
+/// A unique key for an active snapshot being extracted into, as containerd names them.
+fn extract_key(chain_id: &str) -> String {
+    format!(
         "extract-{}-{:08x} {chain_id}",
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0),
         rand::random::<u32>()
-    );
-    let labels = HashMap::from([(
+    )
+}
+
+fn ref_labels(chain_id: &str) -> HashMap<String, String> {
+    HashMap::from([(
         "containerd.io/snapshot.ref".to_string(),
         chain_id.to_string(),
-    )]);
-    let mounts = containerd
-        .prepare_snapshot(snapshotter, &key, parent, labels, Some(lease))
-        .await?;
+    )])
+}
+
+/// Applies `layer` onto `mounts` (the active snapshot `key`) and checks its diff ID; the
+/// snapshot is removed when either fails.
+async fn apply_checked(
+    containerd: &Containerd,
+    snapshotter: &str,
+    lease: &str,
+    key: &str,
+    layer: &Descriptor,
+    diff_id: &str,
+    mounts: Vec<Mount>,
+) -> Result<(), UnpackError> {
     let applied = containerd
         .apply_diff(to_containerd(layer), mounts, Some(lease))
         .await;
     let applied = match applied {
         Ok(applied) => applied,
         Err(e) => {
-            let _ = containerd.remove_snapshot(snapshotter, &key).await;
+            let _ = containerd.remove_snapshot(snapshotter, key).await;
             return Err(e.into());
         }
     };
     if applied.digest != diff_id {
-        let _ = containerd.remove_snapshot(snapshotter, &key).await;
+        let _ = containerd.remove_snapshot(snapshotter, key).await;
         return Err(UnpackError::DiffIdMismatch {
             layer: layer.digest.clone(),
             actual: applied.digest,
             expected: diff_id.to_string(),
         });
     }
+    Ok(())
+}
+
+/// Commits the active snapshot `key` under `chain_id`.
+async fn commit_extracted(
+    containerd: &Containerd,
+    snapshotter: &str,
+    lease: &str,
+    key: &str,
+    chain_id: &str,
+) -> Result<(), UnpackError> {
     match containerd
-        .commit_snapshot(snapshotter, chain_id, &key, HashMap::new(), Some(lease))
+        .commit_snapshot(snapshotter, chain_id, key, HashMap::new(), Some(lease))
         .await
     {
         Ok(()) => Ok(()),
         // Unpacked concurrently by another pull: theirs is as good as ours.
         Err(e) if e.is_already_exists() => {
-            let _ = containerd.remove_snapshot(snapshotter, &key).await;
+            let _ = containerd.remove_snapshot(snapshotter, key).await;
             Ok(())
         }
         Err(e) => {
-            let _ = containerd.remove_snapshot(snapshotter, &key).await;
+            let _ = containerd.remove_snapshot(snapshotter, key).await;
             Err(e.into())
         }
     }
+}
+
+/// A layer applied ahead of its parent, or why it was not.
+#[derive(Debug)]
+pub enum Staged {
+    /// Its snapshot is there already (another pull, another image).
+    Present,
+    /// The snapshotter cannot take a staged layer: unpack it on its parent.
+    Unsupported,
+    /// Applied into the parentless snapshot `key`, whose directory is `dir`.
+    Ready { key: String, dir: PathBuf },
+}
+
+/// Applies `layer` into a parentless staging snapshot, to become the snapshot `chain_id`
+/// once its parent is committed ([`finish_staged`]). Only the overlayfs snapshotter
+/// stages; the staging snapshot lives under `lease`, so a pull that fails or a crius that
+/// dies leaves it to containerd's collection.
+pub async fn stage_layer(
+    containerd: &Containerd,
+    snapshotter: &str,
+    lease: &str,
+    layer: &Descriptor,
+    diff_id: &str,
+    chain_id: &str,
+) -> Result<Staged, UnpackError> {
+    if snapshotter != "overlayfs" {
+        return Ok(Staged::Unsupported);
+    }
+    containerd
+        .lease_snapshot(lease, snapshotter, chain_id)
+        .await?;
+    if containerd.snapshot_exists(snapshotter, chain_id).await? {
+        return Ok(Staged::Present);
+    }
+    let key = format!("{} staged", extract_key(chain_id));
+    let mounts = containerd
+        .prepare_snapshot(snapshotter, &key, "", HashMap::new(), Some(lease))
+        .await?;
+    let Some((upper, mounts)) = as_upper_dir(mounts) else {
+        let _ = containerd.remove_snapshot(snapshotter, &key).await;
+        return Ok(Staged::Unsupported);
+    };
+    crate::failpoint::hit("unpack_staging").await?;
+    apply_checked(containerd, snapshotter, lease, &key, layer, diff_id, mounts).await?;
+    Ok(Staged::Ready { key, dir: upper })
+}
+
+/// Makes the staged layer the snapshot `chain_id` on `parent` (committed by now): prepares
+/// the snapshot, moves the staged directory in as its upper directory and commits it.
+pub async fn finish_staged(
+    containerd: &Containerd,
+    snapshotter: &str,
+    lease: &str,
+    layer: &Descriptor,
+    staged_key: &str,
+    staged_dir: &Path,
+    chain_id: &str,
+    parent: &str,
+) -> Result<(), UnpackError> {
+    let key = extract_key(chain_id);
+    let mounts = containerd
+        .prepare_snapshot(snapshotter, &key, parent, ref_labels(chain_id), Some(lease))
+        .await?;
+    let moved = match overlay_upper_dir(&mounts) {
+        Some(upper) => {
+            let (from, to) = (staged_dir.to_path_buf(), upper);
+            tokio::task::spawn_blocking(move || crate::fsutil::replace_empty_dir(&from, &to))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        }
+        None => Err(std::io::Error::other(
+            "the snapshot on the parent has no overlay upper directory",
+        )),
+    };
+    let _ = containerd.remove_snapshot(snapshotter, staged_key).await;
+    if let Err(source) = moved {
+        let _ = containerd.remove_snapshot(snapshotter, &key).await;
+        return Err(UnpackError::MoveStaged {
+            layer: layer.digest.clone(),
+            source,
+        });
+    }
+    commit_extracted(containerd, snapshotter, lease, &key, chain_id).await
+}
+
+/// The directory of a parentless overlayfs snapshot (a bind mount of its `fs`), with the
+/// mounts that make the diff service apply into it as an overlay upper directory
+/// (whiteouts as overlay whiteouts); None for any other shape.
+fn as_upper_dir(mounts: Vec<Mount>) -> Option<(PathBuf, Vec<Mount>)> {
+    let [mount] = mounts.as_slice() else {
+        return None;
+    };
+    if mount.r#type != "bind" || !mount.source.ends_with("/fs") {
+        return None;
+    }
+    let mut options: Vec<String> = (mount.options.iter())
+        .filter(|o| *o != "rbind")
+        .cloned()
+        .collect();
+    options.push(format!("upperdir={}", mount.source));
+    let overlay = Mount {
+        r#type: "overlay".to_string(),
+        source: "overlay".to_string(),
+        target: String::new(),
+        options,
+    };
+    Some((PathBuf::from(&mount.source), vec![overlay]))
+}
+
+/// The upper directory of an overlayfs snapshot on a parent.
+fn overlay_upper_dir(mounts: &[Mount]) -> Option<PathBuf> {
+    let [mount] = mounts else {
+        return None;
+    };
+    if mount.r#type != "overlay" {
+        return None;
+    }
+    (mount.options.iter())
+        .find_map(|o| o.strip_prefix("upperdir="))
+        .map(PathBuf::from)
 }
 
 pub fn to_containerd(desc: &Descriptor) -> ContainerdDescriptor {

@@ -213,6 +213,7 @@ impl CriService {
             images.clone(),
             config.registry.clone(),
             config.image.max_concurrent_downloads,
+            config.image.unpacks_at_once(),
             config.image.pull_progress_timeout,
             config.image.pull_min_rate,
         );
