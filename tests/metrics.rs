@@ -100,6 +100,8 @@ async fn metrics_count_rpcs_cni_pulls_exits_and_exec_sessions() {
         count(r#"crius_image_pulls_total{result="success"}"#) >= 1.0,
         "{text}"
     );
+    // busybox's layer at least.
+    assert!(count("crius_image_pull_bytes_total") > 500_000.0, "{text}");
     assert_eq!(
         count(r#"crius_container_exits_total{reason="Completed"}"#),
         1.0,

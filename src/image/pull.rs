@@ -179,6 +179,7 @@ impl Progress {
     fn add_bytes(&self, n: usize) {
         let n = n as u64;
         self.bytes.fetch_add(n, Ordering::Relaxed);
+        crate::metrics::metrics().pull_received(n);
         if self.unaccounted.fetch_add(n, Ordering::Relaxed) + n >= USEFUL_BYTES {
             self.touch();
         }
@@ -213,7 +214,7 @@ impl Progress {
     /// deadline passed; logs progress meanwhile.
     async fn watch(&self, reference: &str, timeout: Duration) -> Stop {
         let tick = WATCH_TICK.min(timeout);
-        let mut last_log = Instant::now();
+        let (mut last_log, mut last_bytes) = (Instant::now(), 0);
         loop {
             tokio::time::sleep(tick).await;
             if self.idle() >= timeout {
@@ -226,13 +227,18 @@ impl Progress {
                 };
             }
             if last_log.elapsed() >= PROGRESS_LOG_INTERVAL {
-                last_log = Instant::now();
+                let bytes = self.bytes.load(Ordering::Relaxed);
+                let rate = (bytes.saturating_sub(last_bytes) as f64
+                    / last_log.elapsed().as_secs_f64()) as u64;
+                (last_log, last_bytes) = (Instant::now(), bytes);
                 tracing::info!(
                     image = reference,
-                    bytes = self.bytes.load(Ordering::Relaxed),
+                    bytes,
                     bytes_total = self.bytes_total.load(Ordering::Relaxed),
-                    layers = self.layers.load(Ordering::Relaxed),
+                    bytes_per_second = rate,
+                    layers_done = self.layers.load(Ordering::Relaxed),
                     layers_total = self.layers_total.load(Ordering::Relaxed),
+                    elapsed_s = self.started.elapsed().as_secs(),
                     "pull in progress"
                 );
             }
@@ -445,7 +451,7 @@ impl ImagePuller {
             .pull_with_lease(reference, credentials, snapshotter, &progress, stop)
             .await;
         let fetched = progress.bytes.load(Ordering::Relaxed);
-        timer.finish(outcome.is_ok(), fetched);
+        timer.finish(outcome.is_ok());
         if fetched >= RELEASE_AFTER_BYTES {
             // Layer downloads leave freed buffers behind in the heap; give them back now
             // rather than keep them for the daemon's life.
@@ -732,14 +738,13 @@ impl ImagePuller {
             let (layer, diff_id) = (&layers[i], &docs.config.rootfs.diff_ids[i]);
             match staged {
                 Staged::Present => {}
-                Staged::Ready { key, dir } => {
+                Staged::Ready(staged) => {
                     finish_staged(
                         &self.containerd,
                         snapshotter,
                         lease,
                         layer,
-                        &key,
-                        &dir,
+                        &staged,
                         &chain[i],
                         &parent,
                     )
@@ -1019,7 +1024,7 @@ impl StageLayer {
         tracing::debug!(
             layer = self.index,
             elapsed_ms = self.progress.started.elapsed().as_millis() as u64,
-            staged = matches!(staged, Staged::Ready { .. }),
+            staged = matches!(staged, Staged::Ready(_)),
             "layer applied ahead of its parent"
         );
         Ok(staged)

@@ -10,7 +10,7 @@
 //! beside 1.6 and 2.1 crius renames the directory, as both snapshots are still active.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use containerd_client::types::Descriptor as ContainerdDescriptor;
 use containerd_client::types::Mount;
@@ -147,8 +147,15 @@ pub enum Staged {
     Present,
     /// The snapshotter cannot take a staged layer: unpack it on its parent.
     Unsupported,
-    /// Applied into the parentless snapshot `key`, whose directory is `dir`.
-    Ready { key: String, dir: PathBuf },
+    /// Applied into a parentless snapshot.
+    Ready(StagedDir),
+}
+
+/// The parentless snapshot `key` a layer was applied into, whose directory is `dir`.
+#[derive(Debug)]
+pub struct StagedDir {
+    key: String,
+    dir: PathBuf,
 }
 
 /// Applies `layer` into a parentless staging snapshot, to become the snapshot `chain_id`
@@ -182,7 +189,7 @@ pub async fn stage_layer(
     };
     crate::failpoint::hit("unpack_staging").await?;
     apply_checked(containerd, snapshotter, lease, &key, layer, diff_id, mounts).await?;
-    Ok(Staged::Ready { key, dir: upper })
+    Ok(Staged::Ready(StagedDir { key, dir: upper }))
 }
 
 /// Makes the staged layer the snapshot `chain_id` on `parent` (committed by now): prepares
@@ -192,8 +199,7 @@ pub async fn finish_staged(
     snapshotter: &str,
     lease: &str,
     layer: &Descriptor,
-    staged_key: &str,
-    staged_dir: &Path,
+    staged: &StagedDir,
     chain_id: &str,
     parent: &str,
 ) -> Result<(), UnpackError> {
@@ -203,7 +209,7 @@ pub async fn finish_staged(
         .await?;
     let moved = match overlay_upper_dir(&mounts) {
         Some(upper) => {
-            let (from, to) = (staged_dir.to_path_buf(), upper);
+            let (from, to) = (staged.dir.clone(), upper);
             tokio::task::spawn_blocking(move || crate::fsutil::replace_empty_dir(&from, &to))
                 .await
                 .unwrap_or_else(|e| Err(std::io::Error::other(e)))
@@ -212,7 +218,7 @@ pub async fn finish_staged(
             "the snapshot on the parent has no overlay upper directory",
         )),
     };
-    let _ = containerd.remove_snapshot(snapshotter, staged_key).await;
+    let _ = containerd.remove_snapshot(snapshotter, &staged.key).await;
     if let Err(source) = moved {
         let _ = containerd.remove_snapshot(snapshotter, &key).await;
         return Err(UnpackError::MoveStaged {

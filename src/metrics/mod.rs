@@ -251,6 +251,11 @@ impl Metrics {
         }
     }
 
+    /// Counts layer bytes as they come in: a long pull's progress shows while it runs.
+    pub fn pull_received(&self, bytes: u64) {
+        self.pull_bytes.inc_by(bytes);
+    }
+
     pub fn container_exited(&self, reason: &'static str) {
         self.container_exits
             .get_or_create(&ReasonLabel { reason })
@@ -329,12 +334,12 @@ pub struct PullTimer {
 }
 
 impl PullTimer {
-    /// Records the pull's result and the bytes it received.
-    pub fn finish(mut self, ok: bool, bytes: u64) {
-        self.record(ok, bytes);
+    /// Records the pull's result.
+    pub fn finish(mut self, ok: bool) {
+        self.record(ok);
     }
 
-    fn record(&mut self, ok: bool, bytes: u64) {
+    fn record(&mut self, ok: bool) {
         if self.done {
             return;
         }
@@ -344,7 +349,6 @@ impl PullTimer {
         };
         self.metrics.pulls_in_progress.dec();
         self.metrics.pulls.get_or_create(&result).inc();
-        self.metrics.pull_bytes.inc_by(bytes);
         self.metrics
             .pull_duration
             .get_or_create(&result)
@@ -355,7 +359,7 @@ impl PullTimer {
 impl Drop for PullTimer {
     /// A pull dropped before it finished (its caller went away) failed.
     fn drop(&mut self) {
-        self.record(false, 0);
+        self.record(false);
     }
 }
 
@@ -505,7 +509,10 @@ mod tests {
         let pull = metrics.pull_started();
         assert_eq!(metrics.pulls_in_progress.get(), 1);
         drop(pull);
-        metrics.pull_started().finish(true, 1234);
+        let pull = metrics.pull_started();
+        metrics.pull_received(1000);
+        metrics.pull_received(234);
+        pull.finish(true);
         assert_eq!(metrics.pulls_in_progress.get(), 0);
         let text = metrics.encode().unwrap();
         assert!(
