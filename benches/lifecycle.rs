@@ -524,6 +524,43 @@ fn pid_from_file(var: &str) -> u32 {
         .expect("pid")
 }
 
+/// The median time of containerd's Images.Delete with a synchronous collection, on the
+/// containerd crius runs beside, of an image `ctr` pulled just before.
+async fn remove_image_floor(rounds: usize) -> Duration {
+    let testbed = common::Testbed::from_env();
+    let namespace = format!("crius-bench-floor-{}", std::process::id());
+    let containerd = crius::containerd::Containerd::connect(
+        &testbed.containerd_address,
+        &namespace,
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("connect to containerd");
+    let name = image(REMOVED_IMAGE);
+    let mut samples = Vec::new();
+    for _ in 0..rounds {
+        let out = std::process::Command::new("ctr")
+            .arg("--address")
+            .arg(&testbed.containerd_address)
+            .args(["-n", &namespace, "images", "pull", "--plain-http", &name])
+            .output()
+            .expect("run ctr");
+        assert!(
+            out.status.success(),
+            "ctr pull: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let t = Instant::now();
+        containerd
+            .delete_image(&name, true)
+            .await
+            .expect("delete image");
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
 fn row(name: &str, containerd: &str, crius: &str, ratio: &str) {
     println!("| {name:<34} | {containerd:>14} | {crius:>14} | {ratio:>5} |");
 }
@@ -591,6 +628,19 @@ async fn main() {
             &ratio(crius.as_secs_f64(), containerd.as_secs_f64()),
         );
     }
+
+    // What of RemoveImage is containerd's own work: its Images.Delete with a synchronous
+    // collection, called directly on an image `ctr` pulled into a namespace of its own.
+    let floor = remove_image_floor(rounds).await;
+    row(
+        "  RemoveImage: containerd's Delete alone",
+        "-",
+        &ms(floor),
+        &ratio(
+            floor.as_secs_f64(),
+            runtimes[0].samples.median("RemoveImage").as_secs_f64(),
+        ),
+    );
 
     let crius_pid = crius.pid().as_raw() as u32;
     let containerd_pid = pid_from_file("CRIUS_BENCH_CONTAINERD_PID");

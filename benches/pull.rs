@@ -1,104 +1,303 @@
-//! Pull benchmark: pull + unpack of a 50 MB, five-layer image from the loopback registry,
-//! by crius (PullImage) and by `ctr images pull --plain-http` on the same containerd, in the
-//! same run. Every pull is cold: each round uses fresh containerd namespaces, and after each
-//! pull the image is removed with a synchronous garbage collection, so no blob or snapshot
-//! is left on disk for the next pull to share.
+//! Pull benchmark: cold pulls from the loopback registry, crius's PullImage against the
+//! PullImage of containerd's own CRI beside the same containerd line (`make bench all` runs
+//! it beside each line the lifecycle table runs beside), of
 //!
-//! Run with `make bench` (it starts a fresh test bed and pushes the image).
+//! - `bench/big:latest`: 50 MB in five layers of incompressible data;
+//! - `bench/huge:gzip` and `bench/huge:zstd`: 1.1 GiB uncompressed in 13 layers, about 2:1
+//!   (scripts/layered-image.py): four layers of many small files, eight of a few large ones.
+//!
+//! Every pull is cold: crius starts afresh in a new containerd namespace for each, and each
+//! image is removed after its pull with a synchronous collection (containerd's CRI collects
+//! synchronously on an image's last name too), so no blob or snapshot is left for the next.
+//! Rounds alternate between the two.
+//!
+//! For the huge images it also measures the machine's bound: the layers, already in memory,
+//! decompressed and written out as files into a directory beside containerd's by the
+//! fastest tools at hand (`zstd -d`, `gzip -d`, GNU tar), as many layers at once as the
+//! machine has cores. And crius's peak resident
+//! memory (VmHWM of a crius started for that pull).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Crius, Testbed};
-use crius::api::v1::{ImageSpec, PullImageRequest, RemoveImageRequest};
+use crius::api::v1::{ImageSpec, PullImageRequest, RemoveImageRequest, VersionRequest};
+use crius::client::CriClient;
 
-const ROUNDS: usize = 5;
+/// Rounds per image; `CRIUS_BENCH_PULL_ROUNDS` changes it.
+const ROUNDS: usize = 3;
+const PULL_TIMEOUT: Duration = Duration::from_secs(900);
+
+struct BenchImage {
+    name: &'static str,
+    about: &'static str,
+    /// Whether the machine's bound is measured for it.
+    bound: bool,
+}
+
+const IMAGES: [BenchImage; 3] = [
+    BenchImage {
+        name: "bench/big:latest",
+        about: "50 MB, 5 layers, incompressible",
+        bound: false,
+    },
+    BenchImage {
+        name: "bench/huge:gzip",
+        about: "1.1 GiB, 13 layers, gzip",
+        bound: true,
+    },
+    BenchImage {
+        name: "bench/huge:zstd",
+        about: "1.1 GiB, 13 layers, zstd",
+        bound: true,
+    },
+];
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
 }
 
-fn ms(d: Duration) -> String {
-    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
 }
 
-fn ctr(testbed: &Testbed, namespace: &str, args: &[&str]) {
-    let out = std::process::Command::new("ctr")
-        .arg("--address")
-        .arg(&testbed.containerd_address)
-        .args(["-n", namespace])
-        .args(args)
-        .output()
-        .expect("run ctr");
-    assert!(
-        out.status.success(),
-        "ctr {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn spec(image: &str) -> Option<ImageSpec> {
+    Some(ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    })
+}
+
+/// Writes back what earlier rounds left dirty, so that a timed phase does not pay for it.
+fn settle_disk() {
+    // SAFETY: sync(2) has no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+/// Pulls `image` and removes it again; returns how long the pull took.
+async fn cold_pull(client: &mut CriClient, image: &str) -> Duration {
+    settle_disk();
+    let mut request = tonic::Request::new(PullImageRequest {
+        image: spec(image),
+        ..Default::default()
+    });
+    request.set_timeout(PULL_TIMEOUT);
+    let start = Instant::now();
+    client
+        .image
+        .pull_image(request)
+        .await
+        .unwrap_or_else(|e| panic!("pull {image}: {e}"));
+    let took = start.elapsed();
+    client
+        .image
+        .remove_image(RemoveImageRequest { image: spec(image) })
+        .await
+        .unwrap_or_else(|e| panic!("remove {image}: {e}"));
+    took
+}
+
+/// The peak resident memory of `pid` so far, in MiB.
+fn peak_rss_mib(pid: i32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in status");
+    kib as f64 / 1024.0
+}
+
+/// The compressed layers of `image` (`<repo>:<tag>`) from the registry, with their media
+/// types.
+async fn fetch_layers(registry: &str, image: &str) -> Vec<(String, Vec<u8>)> {
+    let (repo, tag) = image.split_once(':').expect("repo:tag");
+    let http = reqwest::Client::new();
+    let manifest = http
+        .get(format!("http://{registry}/v2/{repo}/manifests/{tag}"))
+        .header("Accept", "application/vnd.oci.image.manifest.v1+json")
+        .send()
+        .await
+        .expect("manifest")
+        .bytes()
+        .await
+        .expect("manifest bytes");
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest).expect("manifest JSON");
+    let mut layers = Vec::new();
+    for layer in manifest["layers"].as_array().expect("layers") {
+        let digest = layer["digest"].as_str().expect("digest");
+        let bytes = http
+            .get(format!("http://{registry}/v2/{repo}/blobs/{digest}"))
+            .send()
+            .await
+            .expect("blob")
+            .bytes()
+            .await
+            .expect("blob bytes");
+        let media = layer["mediaType"].as_str().unwrap_or_default().to_string();
+        layers.push((media, bytes.to_vec()));
+    }
+    layers
+}
+
+/// The machine's bound: every layer decompressed and written out as files under `scratch`
+/// by the fastest tools at hand (`zstd -d` or `gzip -d` into GNU tar), `cores` at a time.
+fn machine_bound(layers: Arc<Vec<(String, Vec<u8>)>>, scratch: &Path, cores: usize) -> Duration {
+    let _ = std::fs::remove_dir_all(scratch);
+    std::fs::create_dir_all(scratch).expect("scratch dir");
+    settle_disk();
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..cores)
+        .map(|_| {
+            let (layers, next, scratch) = (layers.clone(), next.clone(), scratch.to_path_buf());
+            std::thread::spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some((media, blob)) = layers.get(i) else {
+                        return;
+                    };
+                    let dir = scratch.join(i.to_string());
+                    std::fs::create_dir_all(&dir).expect("layer dir");
+                    let tool = if media.ends_with("zstd") {
+                        "zstd"
+                    } else {
+                        "gzip"
+                    };
+                    unpack_with_tools(tool, blob, &dir);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("bound worker");
+    }
+    let took = start.elapsed();
+    std::fs::remove_dir_all(scratch).expect("remove scratch");
+    took
+}
+
+/// `<tool> -d | tar -x` of `blob` into `dir`.
+fn unpack_with_tools(tool: &str, blob: &[u8], dir: &Path) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{tool} -d -c | tar -x -C '{}'", dir.display()))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the decompressor");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(blob)
+        .expect("feed the decompressor");
+    let status = child.wait().expect("wait for the decompressor");
+    assert!(status.success(), "{tool} -d | tar -x failed: {status}");
 }
 
 #[tokio::main]
 async fn main() {
     let testbed = Testbed::from_env();
-    let image = format!("{}/bench/big:latest", testbed.registry);
-    let spec = || {
-        Some(ImageSpec {
-            image: image.clone(),
-            ..Default::default()
-        })
-    };
-    let mut crius_times = Vec::new();
-    let mut ctr_times = Vec::new();
+    let cri_socket = std::env::var("CRIUS_BENCH_CRI_CONTAINERD")
+        .expect("CRIUS_BENCH_CRI_CONTAINERD is not set: use `make bench all`");
+    let mut cri = CriClient::connect(Path::new(&cri_socket))
+        .await
+        .expect("connect to containerd's CRI");
+    let version = cri
+        .runtime
+        .version(VersionRequest::default())
+        .await
+        .expect("version")
+        .into_inner();
+    let rounds = std::env::var("CRIUS_BENCH_PULL_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let scratch: PathBuf = testbed
+        .containerd_root
+        .parent()
+        .expect("containerd root has a parent")
+        .join("bench-bound");
 
-    for round in 0..ROUNDS {
-        let crius = Crius::start().await;
-        let mut client = crius.client().await;
-        let start = Instant::now();
-        client
-            .image
-            .pull_image(PullImageRequest {
-                image: spec(),
-                ..Default::default()
-            })
-            .await
-            .expect("crius pull");
-        crius_times.push(start.elapsed());
-        client
-            .image
-            .remove_image(RemoveImageRequest { image: spec() })
-            .await
-            .expect("crius remove");
-
-        let namespace = format!("crius-bench-ctr-{}-{round}", std::process::id());
-        let start = Instant::now();
-        ctr(
-            &testbed,
-            &namespace,
-            &["images", "pull", "--plain-http", &image],
-        );
-        ctr_times.push(start.elapsed());
-        ctr(&testbed, &namespace, &["images", "rm", "--sync", &image]);
+    println!(
+        "cold pulls, {rounds} rounds, crius beside containerd {} against its CRI, {cores} cores",
+        version.runtime_version
+    );
+    println!(
+        "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5} | {:>12} | {:>13} |",
+        "image", "containerd", "crius", "bound", "ratio", "crius/bound", "crius peak RSS"
+    );
+    // `CRIUS_BENCH_UNPACKS`: crius's image.max_concurrent_unpacks (default: its own).
+    let unpacks: Option<usize> = std::env::var("CRIUS_BENCH_UNPACKS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    // `CRIUS_BENCH_PULL_IMAGES`: only the images whose names contain one of these words.
+    let only = std::env::var("CRIUS_BENCH_PULL_IMAGES").unwrap_or_default();
+    for image in IMAGES {
+        if !only.is_empty() && !only.split_whitespace().any(|w| image.name.contains(w)) {
+            continue;
+        }
+        let reference = format!("{}/{}", testbed.registry, image.name);
+        let (mut crius_times, mut cri_times, mut peaks) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let crius = Crius::start_with(
+                |c| {
+                    if let Some(n) = unpacks {
+                        c.image.max_concurrent_unpacks = n;
+                    }
+                },
+                &[],
+            )
+            .await;
+            let mut client = crius.client().await;
+            crius_times.push(cold_pull(&mut client, &reference).await);
+            peaks.push(peak_rss_mib(crius.pid().as_raw()));
+            if std::env::var_os("CRIUS_BENCH_PULL_VERBOSE").is_some() {
+                (crius.log().lines())
+                    .filter(|l| l.contains("layer") || l.contains("pull"))
+                    .for_each(|l| eprintln!("{l}"));
+            }
+            drop(client);
+            drop(crius);
+            cri_times.push(cold_pull(&mut cri, &reference).await);
+            eprintln!(
+                "{}: round {round}: crius {}  containerd {}",
+                image.name,
+                secs(crius_times[round]),
+                secs(cri_times[round])
+            );
+        }
+        let bound = if image.bound {
+            let layers = Arc::new(fetch_layers(&testbed.registry, image.name).await);
+            let samples = (0..rounds)
+                .map(|_| machine_bound(layers.clone(), &scratch, cores))
+                .collect();
+            Some(median(samples))
+        } else {
+            None
+        };
+        let (crius_median, cri_median) = (median(crius_times), median(cri_times));
+        let peak = peaks.iter().cloned().fold(0.0, f64::max);
         println!(
-            "round {round}: crius {}  ctr {}",
-            ms(crius_times[round]),
-            ms(ctr_times[round])
-        );
-    }
-
-    println!();
-    println!("pull + unpack of {image} (50 MB, 5 layers), {ROUNDS} cold rounds");
-    println!("{:<30} {:>8} {:>8}", "", "median", "best");
-    for (name, samples) in [
-        ("crius PullImage", &crius_times),
-        ("ctr images pull --plain-http", &ctr_times),
-    ] {
-        println!(
-            "{name:<30} {:>8} {:>8}",
-            ms(median(samples.clone())),
-            ms(*samples.iter().min().unwrap_or(&Duration::ZERO))
+            "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5.2} | {:>12} | {:>10.1} MiB |",
+            format!("{} ({})", image.name, image.about),
+            secs(cri_median),
+            secs(crius_median),
+            bound.map_or("-".to_string(), secs),
+            crius_median.as_secs_f64() / cri_median.as_secs_f64(),
+            bound.map_or("-".to_string(), |b| format!(
+                "{:.2}",
+                crius_median.as_secs_f64() / b.as_secs_f64()
+            )),
+            peak
         );
     }
 }

@@ -796,11 +796,12 @@ run_benches() {
   trap down EXIT
   up
   push_big_image
+  [ "${1:-}" != all ] || push_layered_image huge 1 bench/huge
   # First, while the test bed's containerds hold nothing but the test images: the table of
   # every operation against containerd's CRI, crius beside each containerd line against that
   # line's own CRI (`make bench` stops after it). BENCH_CONTAINERDS="2" with
   # CRIUS_CONTAINERD2_BIN runs it beside another 2.x build only, such as 2.3 built by hand.
-  local which failed=()
+  local which failed=() all=${1:-}
   for which in ${BENCH_CONTAINERDS:-1 2}; do
     cri_containerd_up "$which"
     (
@@ -811,6 +812,9 @@ run_benches() {
       export CRIUS_BENCH_CRI_CONTAINERD_PID=$CRI_CTRD_DIR/pid
       # shellcheck disable=SC2086 # $target is two words
       cargo bench $target --bench lifecycle
+      # Cold pulls against the same CRI (`bench all`).
+      # shellcheck disable=SC2086
+      [ "$all" != all ] || cargo bench $target --bench pull
     ) || failed+=("containerd $which")
     cri_containerd_down
   done
@@ -822,8 +826,6 @@ run_benches() {
   eval "$(print_env 1)"
   # shellcheck disable=SC2086
   cargo bench $target --bench shim
-  # shellcheck disable=SC2086
-  cargo bench $target --bench pull
   # shellcheck disable=SC2086
   cargo bench $target --bench stats
   # Inside containerd 2.x: its CRI's runc handler against crius's two modes and crius's CRI.
