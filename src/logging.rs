@@ -20,7 +20,14 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::config::LogFormat;
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
 
 /// Parses a log level or filter such as `info` or `crius=debug,info`. `EnvFilter`'s span
 /// and field directives (`crius[exec{id=..}]=debug`) are refused: `Targets` would take them

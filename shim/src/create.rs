@@ -8,7 +8,8 @@ use std::time::Duration;
 use containerd_shim_protos::api::Mount;
 use containerd_shim_protos::events::task::{TaskCreate, TaskIO, TaskOOM};
 
-use crate::container::{BundleSpec, Container, SpecFacts};
+use crate::bundle_spec::{BundleSpec, SpecFacts};
+use crate::container::Container;
 use crate::direct_exec::{ExecDefaults, ExecTarget};
 use crate::error::ShimError;
 use crate::events::topic;

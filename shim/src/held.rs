@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::bundle::{CONTAINER_TYPE, SANDBOX_ID};
-use crate::container::BundleSpec;
+use crate::bundle_spec::BundleSpec;
 use crate::error::ShimError;
 use crate::holder::Namespaces;
 

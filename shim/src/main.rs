@@ -5,6 +5,7 @@
 
 mod bootstrap;
 mod bundle;
+mod bundle_spec;
 mod caps;
 mod cgroup_leaf;
 mod container;

@@ -25,7 +25,7 @@ use containerd_shim_protos::shim::oci::Options;
 
 use crate::bootstrap::BootstrapParams;
 use crate::bundle::SANDBOX_ID;
-use crate::container::BundleSpec;
+use crate::bundle_spec::BundleSpec;
 
 /// The fd the serving shim finds its listener on.
 const LISTENER_FD: RawFd = 3;

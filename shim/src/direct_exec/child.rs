@@ -14,6 +14,9 @@ use super::spec::{CapSets, ExecProcess, home_of, rlimit_resource};
 
 /// The most of the container's /etc/passwd read for the user's home.
 const MAX_PASSWD: u64 = 4 << 20;
+/// What the child writes just before its `execve`: a report without it is of a child that
+/// died before (killed, out of memory), one with more after it of an `execve` that failed.
+pub const EXECS: u8 = b'!';
 
 /// Becomes the process and execs its program; returns only why it could not. `report` is
 /// the one descriptor beyond stdio it keeps (close-on-exec) to say so.
@@ -28,7 +31,7 @@ pub fn become_process(
     }
     match prepare(process, caps, last_cap) {
         Ok((program, args, env)) => {
-            let marker = [super::helper::EXECS];
+            let marker = [EXECS];
             // SAFETY: a write of one byte from a live buffer to the report pipe.
             unsafe { libc::write(report.as_raw_fd(), marker.as_ptr().cast(), 1) };
             let Err(e) = nix::unistd::execve(&program, &args, &env);

@@ -20,6 +20,7 @@ use nix::sched::CloneFlags;
 use nix::unistd::ForkResult;
 
 use super::cgroups::{InitCgroups, init_cgroups};
+use super::child::EXECS;
 use super::spec::{CapSets, ExecProcess};
 
 /// The argument that runs the shim binary as the exec helper.
@@ -33,9 +34,6 @@ const STOPPED: &str = "exec failed: cannot exec in a stopped container";
 /// How the helper's refusals start, before it has touched the container: the shim then
 /// has runc run the exec.
 pub const DECLINED: &str = "the shim's exec declined: ";
-/// What the child writes just before its `execve`: a report without it is of a child that
-/// died before (killed, out of memory), one with more after it of an `execve` that failed.
-pub const EXECS: u8 = b'!';
 /// The most of the child's failure report the helper reads.
 const MAX_REPORT: u64 = 64 * 1024;
 

@@ -18,7 +18,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
-use crate::container::BundleSpec;
+use crate::bundle_spec::BundleSpec;
 use crate::reaper::Reaper;
 use crate::runc::{ProcessStdio, Runc, RuncError};
 
