@@ -9,6 +9,7 @@
 pub mod cri_containerd;
 pub mod host_net;
 pub mod pod;
+pub mod registry_push;
 pub mod streams;
 
 use std::path::{Path, PathBuf};
