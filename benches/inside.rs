@@ -21,7 +21,7 @@ use common::cri_containerd::{CriContainerd, PROXY_HANDLER, SHIM_HANDLER};
 use common::pod::image;
 use common::{Crius, TestNetwork, containerd_major, pod_config};
 use crius::api::v1::{ImageSpec, PullImageRequest};
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 use support::{bring_up, tear_down};
 
 const PODS: usize = 50;

@@ -33,7 +33,7 @@ use crius::api::v1::{
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
     StopContainerRequest, StopPodSandboxRequest, VersionRequest,
 };
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 
 /// Rounds per operation; `CRIUS_BENCH_ROUNDS` changes it (a quick look: 3).
 const ROUNDS: usize = 20;

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::{Crius, Testbed};
 use crius::api::v1::{ImageSpec, PullImageRequest, RemoveImageRequest, VersionRequest};
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 
 /// Rounds per image; `CRIUS_BENCH_PULL_ROUNDS` changes it.
 const ROUNDS: usize = 3;

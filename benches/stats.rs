@@ -19,7 +19,7 @@ use crius::api::v1::{
     ContainerStatusRequest, ListContainerStatsRequest, ListContainersRequest,
     ListPodSandboxRequest, ListPodSandboxStatsRequest, PodSandboxStatusRequest, StatusRequest,
 };
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 
 const PODS: usize = 110;
 const PER_POD: usize = 3;

@@ -728,12 +728,12 @@ run_tests() {
   cargo fmt --all --check
   # The integration tests drive crius through its failpoints; a release build has none.
   cargo clippy --all-targets --features failpoints -- -D warnings
-  cargo clippy -p crius-shim --all-targets -- -D warnings
+  cargo clippy -p crius-shim -p crius-common -p crius-testkit --all-targets -- -D warnings
   cargo build --all-targets --features failpoints
   build_shim
   # Unit tests need no test bed; they run as the release binary is built (no failpoints).
   cargo test --lib --bins
-  cargo test -p crius-shim
+  cargo test -p crius-shim -p crius-common
   # The shim as a plain `cargo build` links it (dynamically): a test shows it refuses pods.
   cargo build -p crius-shim
   down

@@ -248,7 +248,7 @@ fn load(dirs: &[PathBuf]) -> Loaded {
 
 fn read_spec(path: &Path) -> Result<SpecFile, String> {
     // Only a regular file: a FIFO or device in a spec dir is an error, never waited on.
-    let text = crate::fsutil::read_bounded(path, MAX_SPEC_FILE).map_err(|e| e.to_string())?;
+    let text = crate::sys::fsutil::read_bounded(path, MAX_SPEC_FILE).map_err(|e| e.to_string())?;
     let spec: SpecFile = if path.extension().is_some_and(|e| e == "json") {
         serde_json::from_slice(&text).map_err(|e| e.to_string())?
     } else {

@@ -1,6 +1,6 @@
 //! crius: a Kubernetes CRI runtime and image service that drives containerd.
 //!
-//! The binary (`main.rs`) parses the command line and runs a [`server::CriService`]; the
+//! The binary (`main.rs`) parses the command line and runs a [`cri::CriService`] served by [`server`]; the
 //! modules below are the parts it is built from. See `docs/architecture.md` for the map.
 
 pub mod api;
@@ -8,35 +8,29 @@ pub mod cdi;
 pub mod check;
 pub mod checkpoint;
 pub mod cli;
-pub mod client;
 pub mod cni;
 pub mod config;
 pub mod containerd;
 pub mod cri;
-pub mod events;
 pub mod failpoint;
 pub mod fsusage;
-pub mod fsutil;
 pub mod heap;
-pub mod idmap;
 pub mod image;
+pub mod imagespec;
 pub mod io;
 pub mod logging;
 pub mod metrics;
 pub mod migrate;
-pub mod mount;
-pub mod netns;
 pub mod oci;
 pub mod protos;
 pub mod quiet_socket;
-pub mod recovery;
 pub mod sandboxer;
 pub mod server;
 pub mod stats;
 pub mod store;
 pub mod streaming;
+pub mod sys;
 pub mod undo;
-pub mod userns;
 
 /// How many cases each property test of a parser tries: a bounded run in `make test`,
 /// `CRIUS_FUZZ_CASES` more with `make fuzz`.

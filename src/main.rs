@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use crius::cli::{Cli, Command, USAGE};
 use crius::config::{Config, DEFAULT_CONFIG_PATH, DEFAULT_CONFIG_TOML};
-use crius::server::CriService;
+use crius::cri::CriService;
 
 fn main() -> ExitCode {
     let cli = match crius::cli::parse(

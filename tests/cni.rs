@@ -96,7 +96,9 @@ fn pod(root: &Path, id: &str) -> PodRef {
 async fn add_check_del(version: &str, tag: u8) {
     let s = setup(version, tag, None);
     let pod = pod(&s.root, "abc");
-    crius::netns::create(Path::new(&pod.netns)).await.unwrap();
+    crius::sys::netns::create(Path::new(&pod.netns))
+        .await
+        .unwrap();
     // portmap's CHECK wants IPv6 chains this machine does not have: no mappings here (the
     // sandbox tests cover port mappings end to end).
     let mut caps = Map::new();
@@ -136,7 +138,9 @@ async fn add_check_del(version: &str, tag: u8) {
     assert_eq!(reserved, 0, "IP still reserved");
     // DEL again, and DEL after the netns is gone, both succeed.
     s.network.teardown(&pod).await.expect("second DEL");
-    crius::netns::remove(Path::new(&pod.netns)).await.unwrap();
+    crius::sys::netns::remove(Path::new(&pod.netns))
+        .await
+        .unwrap();
     s.network.teardown(&pod).await.expect("DEL without netns");
 }
 
@@ -154,14 +158,18 @@ async fn add_check_del_with_spec_0_4_0() {
 async fn add_del_with_spec_0_3_1() {
     let s = setup("0.3.1", 203, None);
     let pod = pod(&s.root, "old");
-    crius::netns::create(Path::new(&pod.netns)).await.unwrap();
+    crius::sys::netns::create(Path::new(&pod.netns))
+        .await
+        .unwrap();
     let attached = s.network.setup(&pod, &Map::new()).await.expect("ADD");
     let ips = CniResult::parse(&attached[0].result.value())
         .unwrap()
         .pod_ips("eth0");
     assert!(ips[0].starts_with(&s.prefix), "{ips:?}");
     s.network.teardown(&pod).await.expect("DEL");
-    crius::netns::remove(Path::new(&pod.netns)).await.unwrap();
+    crius::sys::netns::remove(Path::new(&pod.netns))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -290,7 +298,9 @@ async fn a_del_that_fails_for_a_moment_is_run_again() {
     flaky_portmap(bin.path(), 1);
     let s = setup("1.0.0", 209, Some(bin.path().to_path_buf()));
     let flaky = pod(&s.root, "flaky");
-    crius::netns::create(Path::new(&flaky.netns)).await.unwrap();
+    crius::sys::netns::create(Path::new(&flaky.netns))
+        .await
+        .unwrap();
     s.network.setup(&flaky, &Map::new()).await.expect("ADD");
     s.network
         .teardown(&flaky)
@@ -311,13 +321,19 @@ async fn a_del_that_fails_for_a_moment_is_run_again() {
     std::fs::remove_file(bin.path().join("dels")).unwrap();
     flaky_portmap(bin.path(), 100);
     let stuck = pod(&s.root, "stuck");
-    crius::netns::create(Path::new(&stuck.netns)).await.unwrap();
+    crius::sys::netns::create(Path::new(&stuck.netns))
+        .await
+        .unwrap();
     s.network.setup(&stuck, &Map::new()).await.expect("ADD");
     let err = s.network.teardown(&stuck).await.unwrap_err();
     assert!(matches!(err, CniError::PluginFailed(_)), "{err}");
     assert_eq!(dels(bin.path()), 3);
     flaky_portmap(bin.path(), 0);
     s.network.teardown(&stuck).await.expect("DEL once it works");
-    crius::netns::remove(Path::new(&flaky.netns)).await.unwrap();
-    crius::netns::remove(Path::new(&stuck.netns)).await.unwrap();
+    crius::sys::netns::remove(Path::new(&flaky.netns))
+        .await
+        .unwrap();
+    crius::sys::netns::remove(Path::new(&stuck.netns))
+        .await
+        .unwrap();
 }

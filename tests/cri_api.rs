@@ -21,7 +21,7 @@ use crius::api::v1::{
     UpdatePodSandboxResourcesRequest,
 };
 use crius::api::v1alpha2;
-use crius::client::{CriClientV1alpha2, TtrpcCriClient};
+use crius_testkit::{CriClientV1alpha2, TtrpcCriClient};
 use futures::StreamExt;
 
 const RUNTIME: &str = "runtime.v1.RuntimeService";
@@ -637,7 +637,7 @@ async fn update_pod_sandbox_resources_is_kept_and_applied_to_the_pod_cgroup() {
     }
 
     // Kept in the sandbox's config, which survives a restart of crius.
-    let kept_memory_limit = |mut client: crius::client::CriClient, id: String| async move {
+    let kept_memory_limit = |mut client: crius_testkit::CriClient, id: String| async move {
         let status = client
             .runtime
             .pod_sandbox_status(PodSandboxStatusRequest {

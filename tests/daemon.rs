@@ -11,7 +11,7 @@ use crius::api::v1::{
     StatusResponse, UpdateRuntimeConfigRequest, VersionRequest,
 };
 use crius::api::v1alpha2;
-use crius::client::{CriClient, CriClientV1alpha2, TtrpcCriClient};
+use crius_testkit::{CriClient, CriClientV1alpha2, TtrpcCriClient};
 use nix::sys::signal::Signal;
 
 fn condition(resp: &StatusResponse, kind: &str) -> (bool, String, String) {

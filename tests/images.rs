@@ -13,8 +13,8 @@ use crius::api::v1::{
     AuthConfig, ImageFilter, ImageSpec, ImageStatusRequest, ListImagesRequest, PullImageRequest,
     RemoveImageRequest,
 };
-use crius::client::CriClient;
 use crius::config::{RegistryAuth, RegistryHostConfig};
+use crius_testkit::CriClient;
 
 fn spec(image: &str) -> Option<ImageSpec> {
     Some(ImageSpec {
@@ -969,7 +969,7 @@ async fn a_pull_past_its_deadline_is_deadline_exceeded_and_leaves_nothing() {
     assert!(started.elapsed() < Duration::from_secs(4));
 
     // Over ttrpc: timeout_nano.
-    let ttrpc = crius::client::TtrpcCriClient::connect(crius.ttrpc_socket())
+    let ttrpc = crius_testkit::TtrpcCriClient::connect(crius.ttrpc_socket())
         .await
         .unwrap();
     let err = ttrpc

@@ -564,7 +564,7 @@ async fn a_crash_in_the_middle_of_remove_container_finishes_it() {
 
 /// Every pod's and container's status, sorted by ID.
 async fn snapshot(
-    client: &mut crius::client::CriClient,
+    client: &mut crius_testkit::CriClient,
 ) -> (
     Vec<crius::api::v1::PodSandboxStatus>,
     Vec<crius::api::v1::ContainerStatus>,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::pod::{container, image};
 use common::{Crius, TestNetwork, eventually};
 use crius::api::v1::*;
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};

@@ -16,7 +16,7 @@ use crius::api::v1::{
     PodSandboxState, PodSandboxStateValue, PodSandboxStatusRequest, PortMapping,
     RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
 };
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 
 async fn run(client: &mut CriClient, config: PodSandboxConfig) -> Result<String, tonic::Status> {
     client

@@ -25,7 +25,7 @@ use crius::api::v1::{
     RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
     StopContainerRequest, StopPodSandboxRequest,
 };
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 use rand::Rng;
 use tonic::{Code, Status};
 

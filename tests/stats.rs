@@ -159,7 +159,7 @@ async fn pod_stats_count_network_traffic_processes_and_containers() {
     let id = pod
         .run(container("app", "busybox:latest", &["sleep", "1000"]))
         .await;
-    let pod_stats = |client: crius::client::CriClient, pod_id: String| async move {
+    let pod_stats = |client: crius_testkit::CriClient, pod_id: String| async move {
         let mut client = client;
         client
             .runtime
@@ -409,7 +409,7 @@ async fn a_pod_with_its_own_cgroup_reports_that_cgroup() {
         &["sh", "-c", "while true; do :; done"],
     ))
     .await;
-    let sample = |client: crius::client::CriClient, id: String| async move {
+    let sample = |client: crius_testkit::CriClient, id: String| async move {
         let mut client = client;
         client
             .runtime

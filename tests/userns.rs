@@ -231,7 +231,7 @@ async fn root_inside_is_mapped_outside_on(handler: &str, tag: u8, rootfs: Userns
 
     let state = crius.config.state.clone();
     let pin = state.join("sandboxes").join(&pod.id).join("userns");
-    assert!(crius::netns::is_pinned(&pin));
+    assert!(crius::sys::netns::is_pinned(&pin));
     let remapped = crius.ctr(&["snapshots", "ls"]).contains("crius-remap-");
     match rootfs {
         UsernsRootfs::Copy => assert!(remapped, "no remapped copy of the image"),

@@ -8,7 +8,7 @@ use crius::api::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, PodSandboxConfig,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
 };
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 
 /// A busybox container that sleeps.
 pub fn workload() -> ContainerConfig {

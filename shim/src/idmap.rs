@@ -4,13 +4,12 @@
 //! idmapped by the pod's user namespace first, as containerd's own mount code does. The
 //! idmapped clones are detached once overlayfs holds them.
 //!
-//! The three mount API system calls have no wrapper in nix; they are called through
-//! `libc::syscall` here and nowhere else in the shim.
+//! The mount API's system calls are in `crius_common::mount_api`, shared with crius.
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+
+use crius_common::mount_api;
 
 use crate::error::ShimError;
 
@@ -68,72 +67,14 @@ pub fn detach_all(clones: &[PathBuf]) {
     }
 }
 
-fn c_path(path: &Path) -> Result<CString, ShimError> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| ShimError::InvalidArgument(format!("path {}", path.display())))
-}
-
-fn syscall_error(what: &str, path: &Path) -> ShimError {
-    ShimError::io(
-        format!("{what} {}", path.display()),
-        std::io::Error::last_os_error(),
-    )
-}
-
 /// Mounts a read-only clone of `source` on `target`, idmapped by `userns`.
 fn idmapped_clone(source: &Path, target: &Path, userns: &OwnedFd) -> Result<(), ShimError> {
-    let source_c = c_path(source)?;
-    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
-    // SAFETY: a NUL-terminated path that outlives the call; the result is a new fd.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            source_c.as_ptr(),
-            flags,
-        )
-    };
-    if fd < 0 {
-        return Err(syscall_error("open_tree", source));
-    }
-    // SAFETY: the kernel just returned this fd, and nothing else owns it.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: open fds, and an attr struct that lives across the call, its size with it.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &raw const attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(syscall_error("mount_setattr", source));
-    }
-    let target_c = c_path(target)?;
-    // SAFETY: an open fd, an empty C string and a NUL-terminated path that outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target_c.as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(syscall_error("move_mount", target));
-    }
-    Ok(())
+    let failed =
+        |what: &str, path: &Path, e| ShimError::io(format!("{what} {}", path.display()), e);
+    let tree = mount_api::clone_tree(source, false).map_err(|e| failed("open_tree", source, e))?;
+    mount_api::set_idmap(&tree, userns.as_fd(), false, true)
+        .map_err(|e| failed("mount_setattr", source, e))?;
+    mount_api::attach(&tree, target).map_err(|e| failed("move_mount", target, e))
 }
 
 #[cfg(test)]

@@ -239,17 +239,7 @@ fn resolv_conf(config: &PodSandboxConfig) -> String {
     let Some(dns) = config.dns_config.as_ref() else {
         return read_host_file("/etc/resolv.conf").unwrap_or_default();
     };
-    let mut text = String::new();
-    for server in &dns.servers {
-        text.push_str(&format!("nameserver {server}\n"));
-    }
-    if !dns.searches.is_empty() {
-        text.push_str(&format!("search {}\n", dns.searches.join(" ")));
-    }
-    if !dns.options.is_empty() {
-        text.push_str(&format!("options {}\n", dns.options.join(" ")));
-    }
-    text
+    crius_common::pod_files::resolv_conf(&dns.servers, &dns.searches, &dns.options)
 }
 
 impl Pod {

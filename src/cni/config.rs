@@ -124,7 +124,7 @@ const MAX_CONF_FILE: u64 = 1024 * 1024;
 
 fn load_file(path: &Path) -> Result<NetworkConfigList, String> {
     // The conf dir is someone else's: no FIFO, device or endless file is read.
-    let bytes = crate::fsutil::read_bounded(path, MAX_CONF_FILE)
+    let bytes = crate::sys::fsutil::read_bounded(path, MAX_CONF_FILE)
         .map_err(|e| format!("cannot read: {e}"))?;
     let is_list = path.extension().and_then(|e| e.to_str()) == Some("conflist");
     parse(&bytes, is_list, path)

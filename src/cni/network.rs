@@ -43,7 +43,7 @@ pub enum CniError {
     #[error("CNI result cache {path}: {reason}")]
     Cache { path: PathBuf, reason: String },
     #[error(transparent)]
-    Loopback(#[from] crate::netns::NetnsError),
+    Loopback(#[from] crate::sys::netns::NetnsError),
 }
 
 /// The pauses before each new DEL of a plugin that reported a failure.
@@ -191,7 +191,7 @@ impl CniNetwork {
             .as_ref()
             .map_err(|e| CniError::NotReady(e.clone()))?;
         if self.internal_loopback {
-            crate::netns::loopback_up(Path::new(&pod.netns)).await?;
+            crate::sys::netns::loopback_up(Path::new(&pod.netns)).await?;
         } else {
             self.add_list(&loopback_network(), "lo", pod, &Map::new())
                 .await?;
@@ -554,7 +554,7 @@ impl CniNetwork {
             reason,
         };
         std::fs::create_dir_all(self.results_dir()).map_err(|e| fail(e.to_string()))?;
-        crate::fsutil::write_atomic(&path, entry.to_string().as_bytes(), 0o600)
+        crate::sys::fsutil::write_atomic(&path, entry.to_string().as_bytes(), 0o600)
             .map_err(|e| fail(e.to_string()))
     }
 
@@ -631,7 +631,8 @@ const MAX_CACHE_FILE: u64 = 1024 * 1024;
 
 impl CacheEntry {
     fn read(path: &Path) -> Result<Self, String> {
-        let bytes = crate::fsutil::read_bounded(path, MAX_CACHE_FILE).map_err(|e| e.to_string())?;
+        let bytes =
+            crate::sys::fsutil::read_bounded(path, MAX_CACHE_FILE).map_err(|e| e.to_string())?;
         let entry: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
         let config = entry["config"].as_str().ok_or("no config")?;
         let config = BASE64.decode(config).map_err(|e| e.to_string())?;

@@ -11,7 +11,7 @@ use tonic::Status;
 
 use super::sandbox::internal;
 use super::unix_nanos;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{Container, ContainerMetadata, ContainerState};
 
 /// The extension on the containerd container that holds crius's container metadata.
@@ -207,8 +207,8 @@ impl CriService {
             // ends gives the stop up there, before SIGKILL; the container runs on.
             // A timeout no clock can hold ends with the client's deadline or never.
             let grace_end = tokio::time::Instant::now().checked_add(timeout);
-            let give_up = crate::server::deadline::current()
-                .filter(|at| grace_end.is_none_or(|end| *at < end));
+            let give_up =
+                crate::cri::deadline::current().filter(|at| grace_end.is_none_or(|end| *at < end));
             let exited = match give_up.or(grace_end) {
                 Some(at) => tokio::time::timeout_at(at, container.wait_exited())
                     .await

@@ -15,7 +15,7 @@ use tonic::Status;
 
 use super::sandbox::internal;
 use crate::checkpoint::{ArchiveParts, ContainerConfigDump, StagedLayer, go_time};
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{Container, ContainerState};
 
 /// How long a checkpoint may take when the request sets no timeout.

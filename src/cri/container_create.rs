@@ -21,11 +21,11 @@ use super::sandbox::{KIND_CONTAINER, KIND_LABEL, internal, is_host_ipc, new_id};
 use super::unix_nanos;
 use super::userns::PodUserns;
 use crate::config::RuntimeConfig;
+use crate::cri::CriService;
 use crate::io::ContainerIo;
 use crate::oci::container::{ContainerSpecInput, PodFiles, container_spec};
 use crate::oci::user::{AccountFiles, ResolvedUser, cri_user_string, resolve_with_policy};
 use crate::oci::{self};
-use crate::server::CriService;
 use crate::store::{
     Container, ContainerMetadata, ContainerStatus, Image, RecordView, SandboxMetadata, SandboxState,
 };
@@ -730,13 +730,13 @@ fn status_user(user: &crate::oci::user::ResolvedUser) -> crate::api::v1::LinuxCo
 /// pod's range, as the image's files appear through its idmapped rootfs.
 async fn give_volumes_to_pod_root(
     volumes: &[oci::container::DeclaredVolume],
-    mappings: crate::userns::Mappings,
+    mappings: crate::sys::userns::Mappings,
 ) -> Result<(), Status> {
     let paths: Vec<PathBuf> = volumes.iter().map(|v| v.host_path.clone()).collect();
     tokio::task::spawn_blocking(move || {
         paths
             .iter()
-            .try_for_each(|p| super::container_rootfs::shift_owners(p, &mappings))
+            .try_for_each(|p| crate::sys::tree::shift_owners(p, &mappings))
     })
     .await
     .map_err(internal)?

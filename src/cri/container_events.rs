@@ -15,7 +15,12 @@ use tonic::Status;
 
 use super::sandbox_status::sandbox_cri_status;
 use super::unix_nanos;
-use crate::server::{ContainerEventStream, CriService};
+use crate::cri::CriService;
+
+/// The stream type of `GetContainerEvents`.
+pub type ContainerEventStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<ContainerEventResponse, Status>> + Send + 'static>,
+>;
 
 /// Events a subscriber may fall behind by before it loses some.
 pub const EVENT_BUFFER: usize = 1024;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::api::v1::{ExecSyncRequest, ExecSyncResponse};
 use tonic::Status;
 
+use crate::cri::CriService;
 use crate::io::{CapturedOutput, ExecIo};
-use crate::server::CriService;
 use crate::store::{Container, ContainerState};
 
 /// Output kept per stream.
@@ -29,7 +29,7 @@ fn drain_limit(configured: Duration) -> Duration {
     if !configured.is_zero() {
         return configured;
     }
-    crate::server::deadline::current()
+    crate::cri::deadline::current()
         .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
         .unwrap_or(Duration::MAX)
 }

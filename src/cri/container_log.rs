@@ -3,7 +3,7 @@
 use crate::api::v1::{ReopenContainerLogRequest, ReopenContainerLogResponse};
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::ContainerState;
 
 impl CriService {

@@ -12,7 +12,7 @@ use tonic::Status;
 
 use crate::api::v1::ContainerConfig;
 use crate::checkpoint::CheckpointError;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::Container;
 
 /// How long CreateContainer looks through an archive for its `config.dump` (crius writes it
@@ -136,7 +136,7 @@ impl CriService {
                 &upper,
             )?;
             if let Some(mappings) = shift {
-                super::container_rootfs::shift_owners(&upper, &mappings).map_err(|e| {
+                crate::sys::tree::shift_owners(&upper, &mappings).map_err(|e| {
                     CheckpointError::Invalid(format!("shifting the restored files: {e}"))
                 })?;
             }

@@ -10,7 +10,7 @@ use tonic::Status;
 
 use super::container::{START_ERROR_EXIT_CODE, START_ERROR_REASON};
 use super::unix_nanos;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{ContainerState, SandboxState};
 
 impl CriService {

@@ -12,7 +12,7 @@ use tonic::Status;
 
 use super::container::{cri_state, cri_stop_signal};
 use super::sandbox_status::labels_match;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{Container, RecordView};
 
 /// The verbose `info` of a container, with containerd's CRI's keys.

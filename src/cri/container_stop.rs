@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::api::v1::{StopContainerRequest, StopContainerResponse};
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 
 impl CriService {
     pub async fn stop_container(

@@ -7,8 +7,8 @@ use tonic::Status;
 use super::container::metadata_extension;
 use super::sandbox::internal;
 use crate::api::v1::LinuxContainerResources;
+use crate::cri::CriService;
 use crate::oci::container::linux_resources;
-use crate::server::CriService;
 use crate::store::{ContainerMetadata, ContainerState, RecordView};
 
 /// The type URL of OCI Linux resources, as containerd's task update expects them.

@@ -7,8 +7,8 @@ use containerd_client::types::v1::Status as ProcessStatus;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::events::{TaskExitEvent, TaskExitHandler};
-use crate::server::CriService;
+use crate::cri::CriService;
+use crate::cri::events::{TaskExitEvent, TaskExitHandler};
 use crate::store::{Container, ContainerState, SandboxState};
 
 /// The exit code recorded when a task vanished without telling how it ended.

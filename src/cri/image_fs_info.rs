@@ -7,7 +7,7 @@ use crate::api::v1::{
 use tonic::Status;
 
 use super::unix_nanos;
-use crate::server::CriService;
+use crate::cri::CriService;
 
 impl CriService {
     pub async fn image_fs_info(

@@ -3,9 +3,9 @@
 use crate::api::v1::{AuthConfig, PullImageRequest, PullImageResponse};
 use tonic::Status;
 
+use crate::cri::CriService;
 use crate::image::auth::Credentials;
-use crate::image::reference::{DEFAULT_DOMAIN, Reference};
-use crate::server::CriService;
+use crate::imagespec::reference::{DEFAULT_DOMAIN, Reference};
 
 impl CriService {
     pub async fn pull_image(&self, req: PullImageRequest) -> Result<PullImageResponse, Status> {
@@ -28,7 +28,7 @@ impl CriService {
                 &reference,
                 credentials,
                 snapshotter,
-                crate::server::deadline::current(),
+                crate::cri::deadline::current(),
             )
             .await
             .map_err(|failure| Status::new(failure.code, failure.message))?;

@@ -4,7 +4,7 @@
 use crate::api::v1::{RemoveImageRequest, RemoveImageResponse};
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 
 impl CriService {
     pub async fn remove_image(
@@ -20,7 +20,7 @@ impl CriService {
         // a change of the image that hangs.
         let none = Default::default();
         let locking = self.images.resolve_locked(&text, &none);
-        let locked = match crate::server::deadline::current() {
+        let locked = match crate::cri::deadline::current() {
             Some(at) => tokio::time::timeout_at(at, locking).await.map_err(|_| {
                 Status::deadline_exceeded(format!(
                     "image {text}: another change of it is still in progress"

@@ -8,7 +8,7 @@ use crate::api::v1::{
 };
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::Image;
 
 impl CriService {

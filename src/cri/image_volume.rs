@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use tonic::{Code, Status};
 
 use crate::api::v1::Mount;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{Image, SandboxMetadata};
 
 /// Under the state directory: one directory per pod, one mount point per image.
@@ -77,7 +77,7 @@ impl CriService {
         })?;
         let digest = self.volume_digest(&image).await;
         let target = self.image_volumes_dir(sandbox_id).join(hex(&digest));
-        if !blocking(target.clone(), |t| crate::mount::is_mount_point(&t)).await? {
+        if !blocking(target.clone(), |t| crate::sys::mount::is_mount_point(&t)).await? {
             self.mount_image(sandbox_id, snapshotter, &image, &target)
                 .await?;
         }
@@ -138,7 +138,7 @@ impl CriService {
         let mounted = blocking(target.to_path_buf(), move |target| {
             create_private_dir(target.parent().unwrap_or(&target))?;
             std::fs::create_dir_all(&target)?;
-            crate::mount::mount_all(&mounts, &target).map_err(std::io::Error::other)
+            crate::sys::mount::mount_all(&mounts, &target).map_err(std::io::Error::other)
         })
         .await;
         if let Err(e) = mounted {
@@ -171,7 +171,7 @@ impl CriService {
         for name in names {
             let target = base.join(&name);
             blocking(target.clone(), |target| {
-                crate::mount::unmount_all(&target).map_err(std::io::Error::other)?;
+                crate::sys::mount::unmount_all(&target).map_err(std::io::Error::other)?;
                 match std::fs::remove_dir(&target) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
                     _ => Ok(()),
@@ -247,8 +247,8 @@ async fn sub_path(target: &Path, sub: &str, reference: &str) -> Result<PathBuf, 
     let sub = sub.to_string();
     let root = target.to_path_buf();
     let resolved = tokio::task::spawn_blocking(move || {
-        let path =
-            crate::fsutil::resolve_beneath(&root, Path::new(&sub)).map_err(|e| (sub.clone(), e))?;
+        let path = crate::sys::fsutil::resolve_beneath(&root, Path::new(&sub))
+            .map_err(|e| (sub.clone(), e))?;
         let is_dir = std::fs::symlink_metadata(&path)
             .map_err(|e| (sub.clone(), e))?
             .is_dir();
@@ -266,9 +266,11 @@ async fn sub_path(target: &Path, sub: &str, reference: &str) -> Result<PathBuf, 
         Err((sub, e)) if e.kind() == std::io::ErrorKind::NotFound => Err(Status::not_found(
             format!("image sub path {sub:?} of {reference:?}: no such file or directory"),
         )),
-        Err((sub, e)) if e.raw_os_error() == Some(libc::EXDEV) => Err(Status::invalid_argument(
-            format!("image sub path {sub:?} of {reference:?}: path escapes from parent"),
-        )),
+        Err((sub, e)) if e.kind() == std::io::ErrorKind::CrossesDevices => {
+            Err(Status::invalid_argument(format!(
+                "image sub path {sub:?} of {reference:?}: path escapes from parent"
+            )))
+        }
         Err((sub, e)) => Err(Status::invalid_argument(format!(
             "image sub path {sub:?} of {reference:?}: {e}"
         ))),
@@ -297,7 +299,7 @@ fn volume_dir_names(image: &Image) -> Vec<String> {
 fn with_volatile(
     mut mounts: Vec<containerd_client::types::Mount>,
 ) -> Vec<containerd_client::types::Mount> {
-    if !crate::mount::overlay_has_volatile() {
+    if !crate::sys::mount::overlay_has_volatile() {
         return mounts;
     }
     for mount in mounts.iter_mut().filter(|m| m.r#type == "overlay") {
@@ -404,16 +406,19 @@ mod tests {
             ..Default::default()
         };
         let mounts = with_volatile(vec![mount("overlay"), mount("bind")]);
-        if crate::mount::overlay_has_volatile() {
+        if crate::sys::mount::overlay_has_volatile() {
             assert_eq!(mounts[0].options, ["ro", "volatile"]);
         }
         assert_eq!(mounts[1].options, ["ro"]);
         assert_eq!(
-            crate::mount::kernel_at_least("6.18.0-1-amd64", (5, 10)),
+            crate::sys::mount::kernel_at_least("6.18.0-1-amd64", (5, 10)),
             Some(true)
         );
-        assert_eq!(crate::mount::kernel_at_least("5.4.0", (5, 10)), Some(false));
-        assert_eq!(crate::mount::kernel_at_least("x", (5, 10)), None);
+        assert_eq!(
+            crate::sys::mount::kernel_at_least("5.4.0", (5, 10)),
+            Some(false)
+        );
+        assert_eq!(crate::sys::mount::kernel_at_least("x", (5, 10)), None);
     }
 
     #[tokio::test]

@@ -15,7 +15,7 @@ use crate::api::v1::{
     StreamPodSandboxMetricsRequest, StreamPodSandboxMetricsResponse, StreamPodSandboxStatsRequest,
     StreamPodSandboxStatsResponse, StreamPodSandboxesRequest, StreamPodSandboxesResponse,
 };
-use crate::server::CriService;
+use crate::cri::CriService;
 
 /// The most encoded bytes of items one streamed message carries (a single larger item is
 /// sent alone). A quarter of the 16 MiB message limit leaves room for any framing.

@@ -10,7 +10,7 @@ use crate::api::v1::{
 use std::sync::Arc;
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{Sandbox, SandboxState};
 
 const CONTAINER_LABELS: [&str; 6] = ["container", "id", "image", "name", "namespace", "pod"];

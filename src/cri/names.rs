@@ -19,7 +19,7 @@ pub(crate) enum Reservation {
 /// Whether the client of the call in progress is still waiting for its answer (its deadline,
 /// if it set one, has not passed).
 pub(crate) fn client_still_waiting() -> bool {
-    crate::server::deadline::current().is_none_or(|at| tokio::time::Instant::now() < at)
+    crate::cri::deadline::current().is_none_or(|at| tokio::time::Instant::now() < at)
 }
 
 /// Reserves `name` for `id`, made by the request with `fingerprint`. `exists` tells whether

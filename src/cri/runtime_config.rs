@@ -7,7 +7,7 @@ use crate::api::v1::{
 };
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 
 /// The file UpdateRuntimeConfig writes from the conf template.
 pub const TEMPLATE_CONF_NAME: &str = "10-crius-net.conflist";
@@ -48,7 +48,7 @@ impl CriService {
             ))
         })?;
         let target = self.cni.conf_dir().join(TEMPLATE_CONF_NAME);
-        crate::fsutil::write_atomic(
+        crate::sys::fsutil::write_atomic(
             &target,
             render_template(&template, &cidrs).as_bytes(),
             0o644,

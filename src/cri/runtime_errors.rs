@@ -6,7 +6,7 @@
 use containerd_client::types::v1::Status as ProcessStatus;
 use tonic::Code;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 
 /// Whether the runtime could not run a process because its executable cannot be executed:
 /// not there, not executable, not a program (`exec: "x": executable file not found in

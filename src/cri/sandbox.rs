@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::v1::{DnsConfig, NamespaceMode, PodSandboxConfig};
-use nix::mount::{MntFlags, MsFlags};
 use tonic::Status;
 
 use crate::cni::network::PodRef;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{Sandbox, SandboxMetadata, SandboxState};
 
 /// containerd label that tells sandboxes and containers apart, as containerd's CRI sets it.
@@ -103,17 +102,7 @@ fn shm_options(owner: Option<(u32, u32)>) -> String {
 
 /// `resolv.conf` from the pod's DNS config.
 pub fn resolv_conf(dns: &DnsConfig) -> String {
-    let mut text = String::new();
-    for server in &dns.servers {
-        text.push_str(&format!("nameserver {server}\n"));
-    }
-    if !dns.searches.is_empty() {
-        text.push_str(&format!("search {}\n", dns.searches.join(" ")));
-    }
-    if !dns.options.is_empty() {
-        text.push_str(&format!("options {}\n", dns.options.join(" ")));
-    }
-    text
+    crius_common::pod_files::resolv_conf(&dns.servers, &dns.searches, &dns.options)
 }
 
 /// In a sandbox's root dir: the path of its netns, written before the netns is made.
@@ -157,7 +146,7 @@ impl CriService {
             ("hosts", hosts),
             ("resolv.conf", resolv),
         ] {
-            crate::fsutil::write_atomic(&dir.join(name), content.as_bytes(), 0o644)
+            crate::sys::fsutil::write_atomic(&dir.join(name), content.as_bytes(), 0o644)
                 .map_err(|e| Status::internal(format!("writing {name} of sandbox {id}: {e}")))?;
         }
         Ok(())
@@ -173,29 +162,22 @@ impl CriService {
         let path = self.sandbox_shm_path(id);
         std::fs::create_dir_all(&path)
             .map_err(|e| Status::internal(format!("creating {}: {e}", path.display())))?;
-        nix::mount::mount(
-            Some("shm"),
-            &path,
-            Some("tmpfs"),
-            MsFlags::MS_NOEXEC | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(shm_options(owner).as_str()),
-        )
-        .map_err(|e| Status::internal(format!("mounting /dev/shm of sandbox {id}: {e}")))?;
+        crate::sys::mount::mount_tmpfs(&path, &shm_options(owner))
+            .map_err(|e| Status::internal(format!("mounting /dev/shm of sandbox {id}: {e}")))?;
         Ok(path)
     }
 
     pub(crate) fn unmount_sandbox_shm(&self, id: &str) {
         let path = self.sandbox_shm_path(id);
-        match nix::mount::umount2(&path, MntFlags::MNT_DETACH) {
-            Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
-            Err(e) => tracing::warn!(sandbox = id, error = %e, "unmounting /dev/shm failed"),
+        if let Err(e) = crate::sys::mount::unmount(&path) {
+            tracing::warn!(sandbox = id, error = %e, "unmounting /dev/shm failed");
         }
     }
 
     /// Records that the sandbox was fully made: recovery undoes sandboxes without it.
     pub(crate) fn mark_sandbox_started(&self, id: &str) -> Result<(), Status> {
         let path = self.sandbox_root_dir(id).join(STARTED_MARK);
-        crate::fsutil::write_atomic(&path, b"started\n", 0o600)
+        crate::sys::fsutil::write_atomic(&path, b"started\n", 0o600)
             .map_err(|e| Status::internal(format!("writing {}: {e}", path.display())))
     }
 
@@ -206,7 +188,7 @@ impl CriService {
     /// Removes the sandbox's root and state dirs.
     pub(crate) fn remove_sandbox_dirs(&self, id: &str) -> Result<(), Status> {
         self.unmount_sandbox_shm(id);
-        crate::userns::unpin(&self.sandbox_userns_pin(id)).map_err(|e| {
+        crate::sys::userns::unpin(&self.sandbox_userns_pin(id)).map_err(|e| {
             Status::internal(format!("removing the user namespace of sandbox {id}: {e}"))
         })?;
         for dir in [self.sandbox_root_dir(id), self.sandbox_state_dir(id)] {
@@ -314,13 +296,13 @@ impl CriService {
         self.unmount_image_volumes(&id).await?;
         if !metadata.netns_path.is_empty() {
             let netns = Path::new(&metadata.netns_path);
-            if !crate::netns::is_pinned_by_crius(netns) {
+            if !crate::sys::netns::is_pinned_by_crius(netns) {
                 return Err(Status::internal(format!(
                     "the pod's record names {} as its netns, which crius did not make: not removed",
                     netns.display()
                 )));
             }
-            crate::netns::remove(netns)
+            crate::sys::netns::remove(netns)
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?;
         }
@@ -394,9 +376,7 @@ impl CriService {
 /// node's when it names none (containerd's rule, host network or not).
 pub(crate) fn pod_hostname(config: &PodSandboxConfig) -> String {
     if config.hostname.is_empty() {
-        nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        crate::sys::host::hostname()
     } else {
         config.hostname.clone()
     }

@@ -5,7 +5,7 @@ use crate::api::v1::{RemovePodSandboxRequest, RemovePodSandboxResponse};
 use tonic::Status;
 
 use super::sandbox::internal;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::Sandbox;
 use std::sync::Arc;
 

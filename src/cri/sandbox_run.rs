@@ -25,11 +25,11 @@ use super::unix_nanos;
 use crate::cni::network::{NetworkAttachment, capability_args};
 use crate::cni::result::CniResult;
 use crate::config::RuntimeConfig;
+use crate::cri::CriService;
 use crate::oci::{self, SANDBOX_OOM_SCORE_ADJ, SandboxSpecInput};
-use crate::server::CriService;
 use crate::store::{Image, Sandbox, SandboxMetadata, SandboxState, SandboxStatus};
+use crate::sys::userns::Mappings;
 use crate::undo::Undo;
-use crate::userns::Mappings;
 
 impl CriService {
     pub async fn run_pod_sandbox(
@@ -151,7 +151,7 @@ impl CriService {
         runtime: &RuntimeConfig,
     ) -> Result<(), Status> {
         // Checked by the RPC before: here only read.
-        let userns = crate::userns::pod_mappings(&config).ok().flatten();
+        let userns = crate::sys::userns::pod_mappings(&config).ok().flatten();
         let snapshotter = self.config.snapshotter_for(handler).to_string();
         let image = self.ensure_sandbox_image(&snapshotter).await?;
         let shm_path = self.make_sandbox_files(undo, id, &config, userns)?;
@@ -291,21 +291,21 @@ impl CriService {
             }
             return Ok(String::new());
         }
-        let path = crate::netns::new_path();
+        let path = crate::sys::netns::new_path();
         // Noted before it exists, so a crash right after still finds it to remove.
         let note = self.sandbox_root_dir(id).join(NETNS_NOTE);
-        crate::fsutil::write_atomic(&note, path.display().to_string().as_bytes(), 0o600)
+        crate::sys::fsutil::write_atomic(&note, path.display().to_string().as_bytes(), 0o600)
             .map_err(|e| Status::internal(format!("writing {}: {e}", note.display())))?;
         match userns {
             Some(mappings) => {
                 self.create_pod_user_namespace(undo, id, mappings, Some(&path))
                     .await?
             }
-            None => crate::netns::create(&path).await.map_err(internal)?,
+            None => crate::sys::netns::create(&path).await.map_err(internal)?,
         }
         let pinned = path.clone();
         undo.push("remove netns", async move {
-            if let Err(e) = crate::netns::remove(&pinned).await {
+            if let Err(e) = crate::sys::netns::remove(&pinned).await {
                 tracing::warn!(error = %e, "undo: removing netns failed");
             }
         });
@@ -437,11 +437,11 @@ impl CriService {
         netns: Option<&std::path::Path>,
     ) -> Result<(), Status> {
         let pin = self.sandbox_userns_pin(id);
-        crate::userns::create_pod_namespaces(mappings, pin.clone(), netns.map(Into::into))
+        crate::sys::userns::create_pod_namespaces(mappings, pin.clone(), netns.map(Into::into))
             .await
             .map_err(internal)?;
         undo.push("remove user namespace", async move {
-            if let Err(e) = crate::userns::unpin(&pin) {
+            if let Err(e) = crate::sys::userns::unpin(&pin) {
                 tracing::warn!(error = %e, "undo: removing the user namespace failed");
             }
         });
@@ -615,7 +615,7 @@ impl CriService {
             .await
             .map_err(|e| Status::internal(format!("importing the built-in pause image: {e}")));
         }
-        let reference = crate::image::reference::Reference::parse(&self.sandbox_image)
+        let reference = crate::imagespec::reference::Reference::parse(&self.sandbox_image)
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
         // The puller records what it pulls in the store.
         self.puller

@@ -11,7 +11,7 @@ use crate::api::v1::{
 use tonic::Status;
 
 use super::unix_nanos;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::{Sandbox, SandboxState};
 
 fn cri_state(state: SandboxState) -> i32 {
@@ -82,7 +82,7 @@ impl CriService {
             // Looked at now, as containerd's CRI does: someone may have unmounted it.
             "netNamespaceClosed": status.netns_closed
                 || (!metadata.netns_path.is_empty()
-                    && !crate::netns::is_pinned(std::path::Path::new(&metadata.netns_path))),
+                    && !crate::sys::netns::is_pinned(std::path::Path::new(&metadata.netns_path))),
             "netNamespace": metadata.netns_path,
             "image": metadata.image,
             "snapshotKey": if metadata.held { "" } else { metadata.id.as_str() },

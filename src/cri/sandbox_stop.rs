@@ -5,7 +5,7 @@
 use crate::api::v1::{StopPodSandboxRequest, StopPodSandboxResponse};
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 
 impl CriService {
     pub async fn stop_pod_sandbox(

@@ -11,7 +11,7 @@ use crate::api::v1::{
 use tonic::Status;
 
 use super::sandbox::{internal, metadata_extension};
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::stats::cgroup::{CgroupLimits, parent_of};
 use crate::store::SandboxMetadata;
 

@@ -25,7 +25,7 @@ use tonic::Status;
 
 use super::sandbox_status::labels_match;
 use super::unix_nanos;
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::stats::cgroup::{Pressure, PressureLine, parent_of};
 use crate::stats::netdev::{DEFAULT_INTERFACE, InterfaceCounters, read_interfaces};
 use crate::stats::{CgroupUsage, LayerUsage, MemoryUsage, NetworkSample, Samples};

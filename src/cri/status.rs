@@ -9,7 +9,7 @@ use crate::api::v1::{
 };
 use tonic::Status;
 
-use crate::server::CriService;
+use crate::cri::CriService;
 
 /// How long `Status` waits for containerd before calling the runtime not ready.
 const RUNTIME_PROBE_TIMEOUT: Duration = Duration::from_secs(2);

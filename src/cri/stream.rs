@@ -16,8 +16,8 @@ use tonic::Status;
 
 use super::container_execsync::new_exec_id;
 use super::sandbox::is_host_network;
+use crate::cri::CriService;
 use crate::io::{ExecIo, OutputChunk, Stream};
-use crate::server::CriService;
 use crate::store::{Container, ContainerState, SandboxState};
 use crate::streaming::input::Input;
 use crate::streaming::{
@@ -310,10 +310,8 @@ fn require_running(container: &Container) -> Result<(), Status> {
 /// Connects to `localhost:port`, inside `netns` when given. Runs on its own thread.
 fn connect_loopback(netns: Option<&str>, port: u16) -> Result<std::net::TcpStream, String> {
     if let Some(path) = netns {
-        let ns = std::fs::File::open(path)
-            .map_err(|e| format!("opening network namespace {path}: {e}"))?;
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("entering network namespace {path}: {e}"))?;
+        crate::sys::netns::enter_on_this_thread(std::path::Path::new(path))
+            .map_err(|e| e.to_string())?;
     }
     let v4 = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
     let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use tonic::Status;
 
 use crate::api::v1::{ContainerConfig, PodSandboxConfig};
-use crate::server::CriService;
+use crate::cri::CriService;
 use crate::store::SandboxMetadata;
-use crate::userns::Mappings;
+use crate::sys::userns::Mappings;
 
 /// A pod's own user namespace, as its sandbox and containers use it.
 #[derive(Debug, Clone)]
@@ -42,7 +42,7 @@ impl CriService {
         config: &PodSandboxConfig,
         handler: &str,
     ) -> Result<Option<Mappings>, Status> {
-        let Some(mappings) = crate::userns::pod_mappings(config)
+        let Some(mappings) = crate::sys::userns::pod_mappings(config)
             .map_err(|e| Status::invalid_argument(format!("user namespace: {e}")))?
         else {
             return Ok(None);
@@ -88,7 +88,7 @@ impl CriService {
 
     /// The user namespace of a sandbox that has its own.
     pub(crate) fn sandbox_user_namespace(&self, metadata: &SandboxMetadata) -> Option<PodUserns> {
-        let mappings = crate::userns::pod_mappings(&metadata.config).ok()??;
+        let mappings = crate::sys::userns::pod_mappings(&metadata.config).ok()??;
         Some(PodUserns {
             pin: self.sandbox_userns_pin(&metadata.id),
             mappings,
@@ -227,10 +227,10 @@ impl CriService {
         let mappings = pod.mappings;
         tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
-            crate::mount::mount_all(&mounts, &staging).map_err(|e| e.to_string())?;
-            let shifted = super::container_rootfs::shift_owners(&staging, &mappings)
-                .map_err(|e| e.to_string());
-            let unmounted = crate::mount::unmount_all(&staging).map_err(|e| e.to_string());
+            crate::sys::mount::mount_all(&mounts, &staging).map_err(|e| e.to_string())?;
+            let shifted =
+                crate::sys::tree::shift_owners(&staging, &mappings).map_err(|e| e.to_string());
+            let unmounted = crate::sys::mount::unmount_all(&staging).map_err(|e| e.to_string());
             let _ = std::fs::remove_dir(&staging);
             shifted.and(unmounted)
         })
@@ -255,7 +255,7 @@ impl CriService {
         if !target.exists() {
             return;
         }
-        if let Err(e) = crate::mount::unmount_all(&target) {
+        if let Err(e) = crate::sys::mount::unmount_all(&target) {
             tracing::warn!(id, error = %e, "unmounting an idmapped rootfs failed");
             return;
         }
@@ -379,7 +379,7 @@ impl CriService {
         let dir = self.sandbox_root_dir(id);
         for name in ["hostname", "hosts", "resolv.conf"] {
             let path = dir.join(name);
-            std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+            crate::sys::fsutil::chown(&path, uid, gid)
                 .map_err(|e| Status::internal(format!("chown {}: {e}", path.display())))?;
         }
         Ok(())
@@ -413,7 +413,7 @@ fn mount_idmapped(
         "overlay" => mount_overlay_with_idmapped_layers(mount, target, layers, userns, host_root),
         // An image without layers: its one directory, given to the pod's root.
         "bind" => give_to(Path::new(&mount.source), host_root)
-            .and_then(|()| crate::mount::mount_all(mounts, target).map_err(|e| e.to_string())),
+            .and_then(|()| crate::sys::mount::mount_all(mounts, target).map_err(|e| e.to_string())),
         other => Err(format!("a {other:?} rootfs cannot be idmapped")),
     };
     if layers.exists()
@@ -439,7 +439,7 @@ fn mount_overlay_with_idmapped_layers(
                 let staged = layers.join(i.to_string());
                 std::fs::create_dir_all(&staged)
                     .map_err(|e| format!("create {}: {e}", staged.display()))?;
-                crate::idmap::bind(Path::new(lower), &staged, userns, false)
+                crate::sys::idmap::bind(Path::new(lower), &staged, userns, false)
                     .map_err(|e| e.to_string())?;
                 idmapped.push(staged.display().to_string());
             }
@@ -455,7 +455,7 @@ fn mount_overlay_with_idmapped_layers(
         options,
         ..mount.clone()
     };
-    crate::mount::mount_all(std::slice::from_ref(&remapped), target).map_err(|e| e.to_string())
+    crate::sys::mount::mount_all(std::slice::from_ref(&remapped), target).map_err(|e| e.to_string())
 }
 
 /// Unmounts every mount staged in `dir` and removes it. (An overlay holds its own
@@ -464,9 +464,9 @@ fn remove_staged_mounts(dir: &Path) -> Result<(), String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
         let path = entry.path();
-        crate::mount::unmount_all(&path).map_err(|e| e.to_string())?;
+        crate::sys::mount::unmount_all(&path).map_err(|e| e.to_string())?;
         // Never a recursive removal: what is still mounted there may be a host volume.
-        if crate::mount::is_mount_point(&path).unwrap_or(true) {
+        if crate::sys::mount::is_mount_point(&path).unwrap_or(true) {
             return Err(format!("{} is still mounted", path.display()));
         }
         std::fs::remove_dir(&path)
@@ -478,7 +478,7 @@ fn remove_staged_mounts(dir: &Path) -> Result<(), String> {
 
 /// Whether a mount's mappings are exactly the pod's.
 fn mount_mappings_are(mount: &crate::api::v1::Mount, mappings: &Mappings) -> bool {
-    let is = |given: &[crate::api::v1::IdMapping], range: crate::userns::IdRange| {
+    let is = |given: &[crate::api::v1::IdMapping], range: crate::sys::userns::IdRange| {
         matches!(given, [m] if m.container_id == range.container_id
             && m.host_id == range.host_id
             && m.length == range.size)
@@ -505,16 +505,15 @@ fn stage_idmapped_bind(source: &Path, staged: &Path, userns: &Path) -> Result<()
     }
     .map_err(|e| internal(format!("create {}: {e}", staged.display())))?;
     // Submounts that cannot be idmapped fail the recursive form: then the mount alone.
-    crate::idmap::bind(&source, staged, userns, true)
+    crate::sys::idmap::bind(&source, staged, userns, true)
         .or_else(|e| {
             tracing::warn!(error = %e, "idmapping a volume without what is mounted below it");
-            crate::idmap::bind(&source, staged, userns, false)
+            crate::sys::idmap::bind(&source, staged, userns, false)
         })
         .map_err(|e| Status::failed_precondition(format!("the host cannot idmap this volume: {e}")))
 }
 
 /// Gives a directory (itself, not what is in it) to the pod's root.
 fn give_to(dir: &Path, (uid, gid): (u32, u32)) -> Result<(), String> {
-    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
-        .map_err(|e| format!("chown {}: {e}", dir.display()))
+    crate::sys::fsutil::chown(dir, uid, gid).map_err(|e| format!("chown {}: {e}", dir.display()))
 }

@@ -4,7 +4,7 @@ use crate::api::v1::{VersionRequest, VersionResponse};
 use tonic::Status;
 
 use super::{RUNTIME_API_VERSION, RUNTIME_NAME};
-use crate::server::CriService;
+use crate::cri::CriService;
 
 /// The version of the kubelet runtime API that `Version` reports.
 const KUBE_API_VERSION: &str = "0.1.0";

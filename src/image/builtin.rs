@@ -9,12 +9,12 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::load::ImageDocuments;
-use super::manifest::{
-    Descriptor, ImageConfigFile, Manifest, OCI_CONFIG, OCI_MANIFEST, sha256_digest,
-};
 use super::unpack::{UnpackError, to_containerd, unpack_layer};
 use crate::containerd::content::WriteError;
 use crate::containerd::{Containerd, ContainerdError};
+use crate::imagespec::manifest::{
+    Descriptor, ImageConfigFile, Manifest, OCI_CONFIG, OCI_MANIFEST, sha256_digest,
+};
 use crate::store::Image;
 
 /// The name of the built-in sandbox image.
@@ -75,7 +75,7 @@ fn pause_layer() -> Result<Vec<u8>, BuiltinError> {
 fn documents() -> Result<Documents, BuiltinError> {
     let layer = pause_layer()?;
     let layer_desc = descriptor(LAYER_MEDIA_TYPE, &layer);
-    let platform = super::manifest::Platform::host();
+    let platform = crate::imagespec::manifest::Platform::host();
     let config = json!({
         "architecture": platform.architecture,
         "os": platform.os,

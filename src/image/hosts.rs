@@ -71,7 +71,7 @@ pub fn endpoints(config_path: &str, registry: &str) -> Result<Vec<RegistryEndpoi
         let root = Path::new(config_path);
         for dir in [root.join(registry), root.join("_default")] {
             let file = dir.join("hosts.toml");
-            match crate::fsutil::read_bounded_string(&file, MAX_HOSTS_FILE) {
+            match crate::sys::fsutil::read_bounded_string(&file, MAX_HOSTS_FILE) {
                 Ok(text) => {
                     return parse_hosts(&text, &dir, registry)
                         .map_err(|reason| HostsError { file, reason });

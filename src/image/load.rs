@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 
 use containerd_client::services::v1::Image as ImageRecord;
 
-use super::manifest::{
+use crate::containerd::{Containerd, ContainerdError};
+use crate::imagespec::manifest::{
     ImageConfigFile, Index, Manifest, Platform, chain_ids, is_index, is_manifest,
 };
-use crate::containerd::{Containerd, ContainerdError};
 use crate::store::Image;
 
 #[derive(Debug, thiserror::Error)]

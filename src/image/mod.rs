@@ -1,4 +1,4 @@
-//! Images: references, registry hosts and credentials, the registry client, and pulls into
+//! Images: registry hosts and credentials, the registry client, and pulls into
 //! containerd's content store and snapshotter.
 //!
 //! Nothing here speaks CRI; `src/cri/image_*.rs` turn requests into calls on
@@ -9,9 +9,7 @@ pub mod builtin;
 pub mod hosts;
 pub mod labels;
 pub mod load;
-pub mod manifest;
 mod pull;
-pub mod reference;
 pub mod registry;
 pub mod unpack;
 

@@ -23,16 +23,16 @@ use tonic::Code;
 use super::auth::{Credentials, CredentialsError};
 use super::hosts::{self, HostsError};
 use super::load::ImageDocuments;
-use super::manifest::{
-    Descriptor, ImageConfigFile, Index, Manifest, Platform, chain_ids, is_index, is_manifest,
-    sha256_digest,
-};
-use super::reference::Reference;
 use super::registry::{HttpClients, RegistryError, Resolved, Session};
 use super::unpack::{Staged, finish_staged, stage_layer, to_containerd, unpack_layer};
 use crate::config::RegistryConfig;
 use crate::containerd::content::WriteError;
 use crate::containerd::{Containerd, ContainerdError};
+use crate::imagespec::manifest::{
+    Descriptor, ImageConfigFile, Index, Manifest, Platform, chain_ids, is_index, is_manifest,
+    sha256_digest,
+};
+use crate::imagespec::reference::Reference;
 use crate::store::{Image, ImageStore};
 
 /// The label that marks images crius manages, as containerd's CRI does.

@@ -14,8 +14,8 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, WWW_AUTHEN
 
 use super::auth::{Challenge, Credentials, parse_challenge};
 use super::hosts::RegistryEndpoint;
-use super::manifest::{MANIFEST_ACCEPT, sha256_digest};
-use super::reference::Reference;
+use crate::imagespec::manifest::{MANIFEST_ACCEPT, sha256_digest};
+use crate::imagespec::reference::Reference;
 
 /// Manifests larger than this are refused (they are JSON documents of a few KiB).
 const MAX_MANIFEST_SIZE: usize = 8 * 1024 * 1024;
@@ -611,8 +611,8 @@ fn media_type_from_body(data: &[u8]) -> String {
     }
     match serde_json::from_slice::<Probe>(data) {
         Ok(p) if !p.media_type.is_empty() => p.media_type,
-        Ok(p) if p.manifests.is_some() => super::manifest::OCI_INDEX.to_string(),
-        _ => super::manifest::OCI_MANIFEST.to_string(),
+        Ok(p) if p.manifests.is_some() => crate::imagespec::manifest::OCI_INDEX.to_string(),
+        _ => crate::imagespec::manifest::OCI_MANIFEST.to_string(),
     }
 }
 
@@ -702,7 +702,7 @@ mod tests {
                                 "200 OK",
                                 format!(
                                     "Content-Type: {}\r\n",
-                                    super::super::manifest::OCI_MANIFEST
+                                    crate::imagespec::manifest::OCI_MANIFEST
                                 ),
                                 r#"{"config":{"digest":"sha256:c","size":1},"layers":[]}"#
                                     .to_string(),
@@ -813,7 +813,10 @@ mod tests {
             .resolve()
             .await
             .expect("resolve with a token");
-        assert_eq!(resolved.media_type, super::super::manifest::OCI_MANIFEST);
+        assert_eq!(
+            resolved.media_type,
+            crate::imagespec::manifest::OCI_MANIFEST
+        );
         let requests = seen.lock().unwrap().clone();
         assert!(
             requests
@@ -871,7 +874,7 @@ mod tests {
     fn media_type_from_body_probes_fields() {
         assert_eq!(
             media_type_from_body(br#"{"manifests":[]}"#),
-            super::super::manifest::OCI_INDEX
+            crate::imagespec::manifest::OCI_INDEX
         );
         assert_eq!(
             media_type_from_body(br#"{"mediaType":"x","config":{}}"#),

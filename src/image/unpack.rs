@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use containerd_client::types::Descriptor as ContainerdDescriptor;
 use containerd_client::types::Mount;
 
-use super::manifest::Descriptor;
 use crate::containerd::Containerd;
+use crate::imagespec::manifest::Descriptor;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
@@ -210,7 +210,7 @@ pub async fn finish_staged(
     let moved = match overlay_upper_dir(&mounts) {
         Some(upper) => {
             let (from, to) = (staged.dir.clone(), upper);
-            tokio::task::spawn_blocking(move || crate::fsutil::replace_empty_dir(&from, &to))
+            tokio::task::spawn_blocking(move || crate::sys::fsutil::replace_empty_dir(&from, &to))
                 .await
                 .unwrap_or_else(|e| Err(std::io::Error::other(e)))
         }

@@ -85,14 +85,14 @@ const HANDLER_RULES: &[Rule] = &[
     Rule {
         key: "sandbox_mode",
         neutral: podsandbox,
-        reason: "crius runs every handler's pods with a pause container, as containerd's \
-                 podsandbox mode does",
+        reason: "crius makes every handler's pods itself (a pause container, or a pod its \
+                 shim holds), as containerd's podsandbox mode does",
     },
     Rule {
         key: "sandboxer",
         neutral: podsandbox,
-        reason: "crius runs every handler's pods with a pause container, as containerd's \
-                 podsandbox sandboxer does",
+        reason: "crius makes every handler's pods itself (a pause container, or a pod its \
+                 shim holds), as containerd's podsandbox sandboxer does",
     },
     Rule {
         key: "io_type",

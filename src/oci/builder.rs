@@ -142,7 +142,7 @@ pub struct SpecParts {
 pub struct PodUserNamespace<'a> {
     /// The pinned namespace.
     pub path: &'a Path,
-    pub mappings: &'a crate::userns::Mappings,
+    pub mappings: &'a crate::sys::userns::Mappings,
     /// The container's rootfs, idmapped to the namespace by crius; `None` for a remapped
     /// copy the runtime mounts as usual.
     pub rootfs: Option<&'a Path>,
@@ -157,7 +157,7 @@ pub fn join_user_namespace(
     spec: &mut Spec,
     userns: &PodUserNamespace<'_>,
 ) -> Result<(), SpecError> {
-    let id_mapping = |range: crate::userns::IdRange| {
+    let id_mapping = |range: crate::sys::userns::IdRange| {
         LinuxIdMappingBuilder::default()
             .container_id(range.container_id)
             .host_id(range.host_id)

@@ -21,7 +21,7 @@ use super::{
     SpecError, annotations, builder, cgroups_path, default_capabilities, mount, seccomp,
     security as sec,
 };
-use crate::image::manifest::RunConfig;
+use crate::imagespec::manifest::RunConfig;
 
 /// The pod's files a container gets mounted.
 pub struct PodFiles<'a> {

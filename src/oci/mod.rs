@@ -21,7 +21,7 @@ use oci_spec::runtime::{
     LinuxResourcesBuilder, Mount, MountBuilder, ProcessBuilder, Spec,
 };
 
-use crate::image::manifest::RunConfig;
+use crate::imagespec::manifest::RunConfig;
 
 /// The type URL containerd stores runtime specs under.
 pub const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
@@ -514,7 +514,7 @@ mod tests {
             cmd: Some(vec!["/pause".to_string()]),
             ..Default::default()
         };
-        let mappings = crate::userns::Mappings::from_zero(100000, 65536);
+        let mappings = crate::sys::userns::Mappings::from_zero(100000, 65536);
         let mut input = input(&config, &image);
         input.userns = Some(builder::PodUserNamespace {
             path: std::path::Path::new("/run/crius/sandboxes/abc/userns"),

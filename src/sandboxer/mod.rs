@@ -447,7 +447,7 @@ const POD_SHM: &str = "pod/shm";
 
 fn remove_dir(path: &Path) -> Result<(), SandboxerError> {
     let shm = path.join(POD_SHM);
-    if let Err(e) = crate::mount::unmount_all(&shm) {
+    if let Err(e) = crate::sys::mount::unmount_all(&shm) {
         tracing::warn!(path = %shm.display(), error = %e, "unmounting a dead shim's pod /dev/shm");
     }
     match std::fs::remove_dir_all(path) {

@@ -1,16 +1,16 @@
-//! Service assembly and supervision.
+//! The transport: the CRI's gRPC and ttrpc sockets, the stream server's and metrics'
+//! listeners, containerd's sandbox controller socket, and supervision.
 //!
-//! `CriService::new` builds everything; `run` binds the gRPC and ttrpc sockets, recovers,
-//! starts the critical tasks, marks the service initialized and then waits: a stop request
-//! (SIGTERM/SIGINT in `main`) shuts down cleanly and returns `Ok`, a critical task that ends
-//! shuts down the same way and returns the cause. Shutdown is bounded: in-flight RPCs get
-//! [`SHUTDOWN_GRACE`], then everything still running is abandoned and the sockets removed.
+//! `CriService::new` (the CRI layer) builds everything; `run` binds the sockets, has the
+//! service recover and start its critical tasks (`CriService::start`), and then waits: a stop
+//! request (SIGTERM/SIGINT in `main`) shuts down cleanly and returns `Ok`, a critical task
+//! that ends shuts down the same way and returns the cause. Shutdown is bounded: in-flight
+//! RPCs get [`SHUTDOWN_GRACE`], then everything still running is abandoned and the sockets
+//! removed. Nothing below this module imports it.
 
 mod authority;
-pub mod deadline;
 mod hpack;
 pub mod rpc;
-mod service;
 pub mod socket;
 pub mod ttrpc_glue;
 
@@ -21,8 +21,8 @@ use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 
-pub use rpc::{ContainerEventStream, CriServer};
-pub use service::{CriService, ServiceError, ServiceState};
+pub use crate::cri::{CriService, ServiceError, ServiceState, TaskEnd};
+pub use rpc::CriServer;
 
 /// How long shutdown waits for in-flight RPCs and tasks before abandoning them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -53,8 +53,22 @@ fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
-/// A critical task's name and how it ended.
-type TaskEnd = (&'static str, Result<(), String>);
+/// Errors that stop crius from serving, or make it stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
+    #[error("failed to start the ttrpc server: {0}")]
+    Ttrpc(String),
+    #[error("critical task {task} failed: {reason}")]
+    CriticalTask { task: &'static str, reason: String },
+    #[error(transparent)]
+    StreamServer(#[from] crate::streaming::StreamServerError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::ServeError),
+}
 
 /// What `run` binds before anything serves.
 struct Bound {
@@ -95,7 +109,7 @@ async fn stop_within_grace(ttrpc: &mut ttrpc::r#async::Server, tasks: &mut JoinS
 impl CriService {
     /// Serves the CRI until `stop` resolves (`Ok`) or a critical task ends (`Err` with the
     /// cause). The sockets are removed before this returns.
-    pub async fn run(&self, stop: impl Future<Output = ()>) -> Result<(), ServiceError> {
+    pub async fn run(&self, stop: impl Future<Output = ()>) -> Result<(), ServeError> {
         let bound = self.bind_all().await?;
         let server = CriServer::new(self.clone());
         let mut tasks: JoinSet<TaskEnd> = JoinSet::new();
@@ -123,7 +137,7 @@ impl CriService {
         }
 
         let outcome = match ttrpc.start().await {
-            Err(e) => Err(ServiceError::Ttrpc(e.to_string())),
+            Err(e) => Err(ServeError::Ttrpc(e.to_string())),
             Ok(()) => {
                 self.start_and_serve(&mut tasks, bound.stream_server, stop)
                     .await
@@ -142,7 +156,7 @@ impl CriService {
 
     /// Binds the CRI sockets, the stream server and the metrics listener; a failure removes
     /// the sockets bound before it.
-    async fn bind_all(&self) -> Result<Bound, ServiceError> {
+    async fn bind_all(&self) -> Result<Bound, ServeError> {
         let grpc = socket::bind(&self.config.grpc.address).await?;
         let ttrpc = match socket::bind(&self.config.grpc.ttrpc_address).await {
             Ok(listener) => listener,
@@ -160,7 +174,7 @@ impl CriService {
             .await?;
             let _ = self.stream_endpoint.set(stream_server.endpoint());
             let metrics = self.bind_metrics().await?;
-            Ok::<_, ServiceError>((stream_server, metrics))
+            Ok::<_, ServeError>((stream_server, metrics))
         };
         match others.await {
             Ok((stream_server, metrics)) => Ok(Bound {
@@ -215,14 +229,17 @@ impl CriService {
         tasks: &mut JoinSet<TaskEnd>,
         stream_server: crate::streaming::StreamServer,
         stop: impl Future<Output = ()>,
-    ) -> Result<(), ServiceError> {
+    ) -> Result<(), ServeError> {
         let mut stop = std::pin::pin!(stop);
         tokio::select! {
             _ = &mut stop => {
                 tracing::info!("stop requested during start-up");
                 Ok(())
             }
-            started = self.start(tasks, stream_server) => {
+            started = async {
+                notify_service_manager(&[sd_notify::NotifyState::Status("recovering state")]);
+                self.start(tasks, stream_server).await
+            } => {
                 started?;
                 tracing::info!(
                     grpc = %self.config.grpc.address.display(),
@@ -244,7 +261,7 @@ impl CriService {
         &self,
         tasks: &mut JoinSet<TaskEnd>,
         path: &std::path::Path,
-    ) -> Result<(), ServiceError> {
+    ) -> Result<(), ServeError> {
         let listener = socket::bind(path).await?;
         let controller = std::sync::Arc::new(crate::sandboxer::SandboxController::new(
             &self.config.state,
@@ -261,7 +278,7 @@ impl CriService {
     }
 
     /// The metrics listener, when `[metrics] address` names one.
-    async fn bind_metrics(&self) -> Result<Option<crate::metrics::MetricsServer>, ServiceError> {
+    async fn bind_metrics(&self) -> Result<Option<crate::metrics::MetricsServer>, ServeError> {
         let address = &self.config.metrics.address;
         if address.is_empty() {
             return Ok(None);
@@ -269,95 +286,12 @@ impl CriService {
         Ok(Some(crate::metrics::MetricsServer::bind(address).await?))
     }
 
-    /// Recovers state and starts the critical tasks, then marks the service initialized.
-    async fn start(
-        &self,
-        tasks: &mut JoinSet<TaskEnd>,
-        stream_server: crate::streaming::StreamServer,
-    ) -> Result<(), ServiceError> {
-        crate::failpoint::hit("startup").await?;
-        notify_service_manager(&[sd_notify::NotifyState::Status("recovering state")]);
-        let recovery = std::time::Instant::now();
-        crate::recovery::recover_images(&self.containerd, &self.images).await?;
-        crate::recovery::recover_sandboxes(self).await?;
-        crate::recovery::recover_containers(self).await?;
-        crate::recovery::clean_up_leftovers(self).await;
-        crate::metrics::metrics().recovered(recovery.elapsed());
-        if self.config.image.sandbox_image.is_empty()
-            && let Err(e) = self
-                .ensure_sandbox_image(&self.config.containerd.snapshotter)
-                .await
-        {
-            tracing::warn!(error = %e, "the built-in pause image is not available yet");
-        }
-
-        let monitor = crate::events::EventMonitor::new(
-            self.containerd.clone(),
-            self.images.clone(),
-            std::sync::Arc::new(self.clone()),
-        );
-        let cancel = self.shutdown.clone();
-        tasks.spawn(async move {
-            let ended = monitor.run(cancel).await;
-            ("containerd event monitor", ended.map_err(|e| e.to_string()))
-        });
-
-        let syncer = crate::cni::syncer::CniConfSyncer::new(self.cni.clone());
-        let cancel = self.shutdown.clone();
-        tasks.spawn(async move {
-            let ended = syncer.run(cancel).await;
-            ("CNI conf syncer", ended.map_err(|e| e.to_string()))
-        });
-
-        let cancel = self.shutdown.clone();
-        tasks.spawn(async move {
-            stream_server.serve(cancel).await;
-            ("stream server", Ok(()))
-        });
-
-        let service = self.clone();
-        tasks.spawn(async move {
-            service
-                .run_layer_usage_syncer(
-                    service.config.stats_collect_period,
-                    service.shutdown.clone(),
-                )
-                .await;
-            ("snapshot usage syncer", Ok(()))
-        });
-
-        if !self.config.cpu_sample_period.is_zero() {
-            let service = self.clone();
-            tasks.spawn(async move {
-                service
-                    .run_cpu_sampler(service.config.cpu_sample_period, service.shutdown.clone())
-                    .await;
-                ("CPU sampler", Ok(()))
-            });
-        }
-
-        let service = self.clone();
-        tasks.spawn(async move {
-            service
-                .image_fs
-                .run_syncer(
-                    service.config.stats_collect_period,
-                    service.shutdown.clone(),
-                )
-                .await;
-            ("image filesystem usage syncer", Ok(()))
-        });
-
-        self.mark_initialized();
-        Ok(())
-    }
-
     /// Waits for a stop request or for a critical task to end.
     async fn supervise(
         &self,
         tasks: &mut JoinSet<TaskEnd>,
         stop: impl Future<Output = ()>,
-    ) -> Result<(), ServiceError> {
+    ) -> Result<(), ServeError> {
         tokio::select! {
             _ = stop => {
                 tracing::info!("stop requested; shutting down");
@@ -371,7 +305,7 @@ impl CriService {
                     None => ("all tasks", "no task is running".to_string()),
                 };
                 tracing::error!(task, %reason, "critical task failed; shutting down");
-                Err(ServiceError::CriticalTask { task, reason })
+                Err(ServeError::CriticalTask { task, reason })
             }
         }
     }

@@ -17,14 +17,9 @@ use std::time::Instant;
 use crate::api::{v1, v1alpha2_served};
 use tonic::{Code, Status};
 
-use super::CriService;
-use super::deadline;
+use crate::cri::deadline;
+use crate::cri::{ContainerEventStream, CriService};
 use crate::metrics::RpcCall;
-
-/// The stream type of `GetContainerEvents`.
-pub type ContainerEventStream = Pin<
-    Box<dyn futures::Stream<Item = Result<v1::ContainerEventResponse, Status>> + Send + 'static>,
->;
 
 /// The stream type of the `Stream*` list RPCs.
 pub type ListStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;

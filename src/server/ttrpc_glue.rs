@@ -19,7 +19,7 @@ pub fn decode<Req: Message + Default>(
         )))
     })?;
     let mut request = tonic::Request::new(message);
-    if let Some(header) = super::deadline::grpc_timeout_header(timeout_nano)
+    if let Some(header) = crate::cri::deadline::grpc_timeout_header(timeout_nano)
         && let Ok(value) = header.parse()
     {
         request.metadata_mut().insert("grpc-timeout", value);

@@ -238,7 +238,7 @@ impl Container {
 
     fn write_status(&self, status: &ContainerStatus) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(status).map_err(std::io::Error::other)?;
-        crate::fsutil::write_atomic(&self.status_path, &bytes, 0o600)
+        crate::sys::fsutil::write_atomic(&self.status_path, &bytes, 0o600)
     }
 
     /// Waits until the container has exited.
@@ -277,7 +277,7 @@ impl Container {
 /// Reads a persisted status file.
 pub fn read_status(path: &std::path::Path) -> std::io::Result<ContainerStatus> {
     // crius wrote it (a few hundred bytes); whatever else is there now is not waited on.
-    let bytes = crate::fsutil::read_bounded(path, 1024 * 1024)?;
+    let bytes = crate::sys::fsutil::read_bounded(path, 1024 * 1024)?;
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
 }
 

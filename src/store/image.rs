@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, Weak};
 
 use super::id_index::IdIndex;
-use crate::image::manifest::ImageConfigFile;
-use crate::image::reference::Reference;
+use crate::imagespec::manifest::ImageConfigFile;
+use crate::imagespec::reference::Reference;
 
 /// One image: its ID, the names that refer to it, and what CRI reports about it.
 #[derive(Debug, Clone, PartialEq)]

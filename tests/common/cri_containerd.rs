@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 
 use super::{
     Testbed, bridge_conflist, clean_up_containerd_dir, eventually, host_net, spawn_containerd,

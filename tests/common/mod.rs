@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crius::api::v1::VersionRequest;
-use crius::client::CriClient;
 use crius::config::Config;
+use crius_testkit::CriClient;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
@@ -293,7 +293,7 @@ impl Crius {
     }
 
     /// A client, or the error when crius does not answer.
-    pub async fn client_now(&self) -> Result<CriClient, crius::client::ClientError> {
+    pub async fn client_now(&self) -> Result<CriClient, crius_testkit::ClientError> {
         CriClient::connect(self.grpc_socket()).await
     }
 

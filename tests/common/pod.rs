@@ -14,7 +14,7 @@ use crius::api::v1::{
     PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
     StartContainerRequest, StopContainerRequest,
 };
-use crius::client::CriClient;
+use crius_testkit::CriClient;
 
 use super::{Crius, Testbed, pod_config};
 

@@ -347,7 +347,7 @@ pub async fn create_pod_namespaces(
 
 /// Unmounts and removes a pinned namespace; a missing one is fine.
 pub fn unpin(path: &Path) -> Result<(), UsernsError> {
-    crate::mount::unpin(path).map_err(|(op, e)| fail(format!("{op} {}", path.display()), e))
+    crate::sys::mount::unpin(path).map_err(|(op, e)| fail(format!("{op} {}", path.display()), e))
 }
 
 #[cfg(test)]
@@ -483,8 +483,8 @@ mod tests {
         create_pod_namespaces(mappings, user.clone(), Some(net.clone()))
             .await
             .unwrap();
-        assert!(crate::netns::is_pinned(&user));
-        assert!(crate::netns::is_pinned(&net));
+        assert!(crate::sys::netns::is_pinned(&user));
+        assert!(crate::sys::netns::is_pinned(&net));
         // The netns is owned by the pinned userns (NS_GET_USERNS), which has the mappings:
         // checked through a process that joins both.
         let out = std::process::Command::new("nsenter")

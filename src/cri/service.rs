@@ -15,10 +15,10 @@ use crate::config::RestrictOomScoreAdj;
 use crate::containerd::{Containerd, ContainerdError};
 use crate::fsusage::ImageFs;
 use crate::image::ImagePuller;
-use crate::image::reference::Reference;
+use crate::imagespec::reference::Reference;
 use crate::store::{ContainerStore, ImageStore, NameRegistrar, SandboxStore};
 
-/// Errors that stop crius from starting or make it stop.
+/// Errors that stop crius from starting: the service cannot be built or cannot recover.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error(transparent)]
@@ -29,20 +29,13 @@ pub enum ServiceError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Socket(#[from] super::socket::SocketError),
-    #[error("failed to start the ttrpc server: {0}")]
-    Ttrpc(String),
-    #[error("critical task {task} failed: {reason}")]
-    CriticalTask { task: &'static str, reason: String },
-    #[error(transparent)]
     Failpoint(#[from] crate::failpoint::Triggered),
     #[error("invalid config: {0}")]
     Config(String),
-    #[error(transparent)]
-    StreamServer(#[from] crate::streaming::StreamServerError),
-    #[error(transparent)]
-    Metrics(#[from] crate::metrics::ServeError),
 }
+
+/// A critical task's name and how it ended.
+pub type TaskEnd = (&'static str, Result<(), String>);
 
 /// The state behind the CRI handlers. Shared by cheap clones of [`CriService`].
 pub struct ServiceState {
@@ -360,7 +353,7 @@ async fn probe_host_idmap(config: &Config) -> Result<(), String> {
             .into_iter()
             .filter(|d| d.is_dir())
             .collect();
-        crate::idmap::probe_host(&dirs, &root)
+        crate::sys::idmap::probe_host(&dirs, &root)
     })
     .await
     .unwrap_or_else(|e| Err(e.to_string()))
@@ -373,7 +366,7 @@ async fn userns_rootfs_mode(
     host_idmap: &Result<(), String>,
 ) -> Result<crate::config::UsernsRootfs, String> {
     use crate::config::UsernsRootfs;
-    let userns = tokio::task::spawn_blocking(crate::userns::probe)
+    let userns = tokio::task::spawn_blocking(crate::sys::userns::probe)
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
     let mode = match (wanted, userns, host_idmap) {

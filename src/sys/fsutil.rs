@@ -111,6 +111,11 @@ pub fn replace_empty_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     .map_err(std::io::Error::from)
 }
 
+/// Gives `path` to `uid`:`gid` without following it if it is a symlink.
+pub fn chown(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+}
+
 /// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename. A
 /// crash leaves either the old or the new content, never a mix. The directory is not
 /// synced (as containerd's own atomic writes): the rename reaches the disk with the file

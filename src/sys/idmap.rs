@@ -2,13 +2,12 @@
 //! user namespace's mappings. crius makes them itself for pods in their own user namespace,
 //! so the OCI runtime only bind-mounts ready paths (runc before 1.2 cannot idmap).
 //!
-//! The three system calls have no wrapper in nix or libc's function set; they are called
-//! through `libc::syscall` here and nowhere else.
+//! The system calls themselves are in `crius_common::mount_api`, shared with the shim.
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+
+use crius_common::mount_api;
 
 use nix::errno::Errno;
 
@@ -21,71 +20,21 @@ pub struct IdmapError {
     pub errno: Errno,
 }
 
-fn c_path(path: &Path) -> Result<CString, Errno> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)
+/// The errno of a failed system call (EIO when it carries none).
+fn errno_of(e: std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
-/// A detached clone of the mount at `source` (with its submounts when `recursive`).
 fn clone_tree(source: &Path, recursive: bool) -> Result<OwnedFd, Errno> {
-    let path = c_path(source)?;
-    let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
-    if recursive {
-        flags |= libc::AT_RECURSIVE as libc::c_uint;
-    }
-    // SAFETY: a NUL-terminated path that outlives the call; the result is a new fd.
-    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    // SAFETY: the kernel just returned this fd, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    mount_api::clone_tree(source, recursive).map_err(errno_of)
 }
 
-/// Idmaps a detached tree with the user namespace open at `userns`.
 fn set_idmap(tree: &OwnedFd, userns: &OwnedFd, recursive: bool) -> Result<(), Errno> {
-    let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    let flags = libc::AT_EMPTY_PATH | if recursive { libc::AT_RECURSIVE } else { 0 };
-    // SAFETY: the fds are open, the attr struct lives across the call and its size is
-    // passed with it.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            flags,
-            &raw const attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(Errno::last());
-    }
-    Ok(())
+    mount_api::set_idmap(tree, userns.as_fd(), recursive, false).map_err(errno_of)
 }
 
-/// Attaches a detached tree at `target`.
 fn attach(tree: &OwnedFd, target: &Path) -> Result<(), Errno> {
-    let target = c_path(target)?;
-    // SAFETY: an open fd, an empty C string and a NUL-terminated path that outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(Errno::last());
-    }
-    Ok(())
+    mount_api::attach(tree, target).map_err(errno_of)
 }
 
 fn open_userns(userns: &Path) -> Result<OwnedFd, Errno> {
@@ -124,7 +73,7 @@ pub fn probe(dir: &Path) -> Result<(), IdmapError> {
         op,
         errno,
     };
-    let holder = crate::userns::Holder::throwaway().map_err(|e| {
+    let holder = crate::sys::userns::Holder::throwaway().map_err(|e| {
         tracing::debug!(error = %e, "no throwaway user namespace");
         failed("make a user namespace", Errno::EPERM)
     })?;
@@ -154,7 +103,7 @@ fn probe_overlay(base: &Path) -> Result<(), String> {
     for dir in &dirs {
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     }
-    let holder = crate::userns::Holder::throwaway().map_err(|e| e.to_string())?;
+    let holder = crate::sys::userns::Holder::throwaway().map_err(|e| e.to_string())?;
     bind(&dirs[0], &dirs[1], &holder.ns_path("user"), false).map_err(|e| e.to_string())?;
     let data = format!(
         "lowerdir={},upperdir={},workdir={}",
@@ -188,14 +137,14 @@ mod tests {
         std::os::unix::fs::chown(source.join("file"), Some(7), Some(8)).unwrap();
         probe(dir.path()).unwrap();
 
-        let range = crate::userns::IdRange {
+        let range = crate::sys::userns::IdRange {
             container_id: 0,
             host_id: 100000,
             size: 65536,
         };
         let userns = dir.path().join("userns");
-        crate::userns::create_pod_namespaces(
-            crate::userns::Mappings {
+        crate::sys::userns::create_pod_namespaces(
+            crate::sys::userns::Mappings {
                 uids: range,
                 gids: range,
             },
@@ -212,7 +161,7 @@ mod tests {
         assert_eq!((original.uid(), original.gid()), (7, 8));
 
         nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH).unwrap();
-        crate::userns::unpin(&userns).unwrap();
+        crate::sys::userns::unpin(&userns).unwrap();
         let missing = bind(
             &dir.path().join("nope"),
             &target,

@@ -19,12 +19,12 @@ use containerd_client::types::v1::Status as ProcessStatus;
 
 use crate::containerd::tasks::TaskState;
 use crate::containerd::{Containerd, ContainerdError};
+use crate::cri::CriService;
 use crate::cri::container::metadata_from_extensions as container_metadata;
 use crate::cri::exits::UNKNOWN_EXIT_CODE;
 use crate::cri::sandbox::{KIND_CONTAINER, KIND_LABEL, KIND_SANDBOX, metadata_from_extensions};
 use crate::image::load::load_image;
 use crate::io::ContainerIo;
-use crate::server::CriService;
 use crate::store::container::read_status;
 use crate::store::{Container, ContainerMetadata, ContainerState, ContainerStatus, RecordView};
 use crate::store::{ImageStore, Sandbox, SandboxState, SandboxStatus};
@@ -133,7 +133,7 @@ pub async fn recover_sandboxes(service: &CriService) -> Result<usize, Containerd
             }
         };
         let netns_closed = metadata.netns_path.is_empty()
-            || !crate::netns::is_pinned(Path::new(&metadata.netns_path));
+            || !crate::sys::netns::is_pinned(Path::new(&metadata.netns_path));
         if let Err(e) = service.sandbox_names.reserve(&metadata.name, &metadata.id) {
             tracing::warn!(sandbox = %metadata.id, error = %e, "sandbox name already taken");
         }
@@ -522,9 +522,10 @@ async fn remove_leftover_netns(service: &CriService, id: &str) {
     let note = service
         .sandbox_root_dir(id)
         .join(crate::cri::sandbox::NETNS_NOTE);
-    let note = tokio::task::spawn_blocking(move || crate::fsutil::read_bounded_string(&note, 4096))
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let note =
+        tokio::task::spawn_blocking(move || crate::sys::fsutil::read_bounded_string(&note, 4096))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
     let Ok(netns) = note else {
         return;
     };
@@ -532,9 +533,9 @@ async fn remove_leftover_netns(service: &CriService, id: &str) {
     if netns.as_os_str().is_empty() {
         return;
     }
-    if !crate::netns::is_pinned_by_crius(netns) {
+    if !crate::sys::netns::is_pinned_by_crius(netns) {
         tracing::warn!(sandbox = %id, netns = %netns.display(), "a leftover's netns note names no netns of crius's: left alone");
-    } else if let Err(e) = crate::netns::remove(netns).await {
+    } else if let Err(e) = crate::sys::netns::remove(netns).await {
         tracing::warn!(sandbox = %id, error = %e, "removing a leftover netns failed");
     }
 }
@@ -554,7 +555,7 @@ async fn remove_container_leftovers(service: &CriService, recorded: &HashSet<Str
             .container_root_dir(&id)
             .join(crate::cri::container_rootfs::ROOTFS_VIEW_DIR);
         if view.exists() {
-            if let Err(e) = crate::mount::unmount_all(&view) {
+            if let Err(e) = crate::sys::mount::unmount_all(&view) {
                 tracing::warn!(container = %id, error = %e, "unmounting a leftover rootfs view failed");
             }
             let _ = std::fs::remove_dir(&view);

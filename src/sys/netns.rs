@@ -26,6 +26,13 @@ fn fail(path: &Path, op: &'static str, reason: impl ToString) -> NetnsError {
     }
 }
 
+/// Moves the calling thread into the network namespace at `path`: only on a thread of its
+/// own, never a runtime worker (the namespace stays with the thread).
+pub fn enter_on_this_thread(path: &Path) -> Result<(), NetnsError> {
+    let ns = std::fs::File::open(path).map_err(|e| fail(path, "open", e))?;
+    nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|e| fail(path, "enter", e))
+}
+
 /// A fresh, unique path for a pod's network namespace.
 pub fn new_path() -> PathBuf {
     Path::new(NETNS_DIR).join(format!("cni-{:032x}", rand::random::<u128>()))
@@ -165,7 +172,7 @@ pub async fn remove(path: &Path) -> Result<(), NetnsError> {
 }
 
 fn remove_blocking(path: &Path) -> Result<(), NetnsError> {
-    match crate::mount::unpin(path) {
+    match crate::sys::mount::unpin(path) {
         Err(("remove", reason)) if path.exists() => {
             let target = path.to_path_buf();
             std::thread::Builder::new()

@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
-use crate::api::{v1, v1alpha2};
+use crius::api::{v1, v1alpha2};
 use hyper_util::rt::TokioIo;
 use prost::Message;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::server::rpc::MAX_MESSAGE_SIZE;
+use crius::server::rpc::MAX_MESSAGE_SIZE;
 
 /// Errors of the client itself (not of the RPCs it makes).
 #[derive(Debug, thiserror::Error)]

@@ -175,6 +175,34 @@ pub fn mount_all(
     Ok(())
 }
 
+/// Mounts a tmpfs on `target`, without exec, setuid or devices, with `options`
+/// (`mode=`, `size=`, `uid=`, `gid=`).
+pub fn mount_tmpfs(target: &Path, options: &str) -> Result<(), MountError> {
+    nix::mount::mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOEXEC | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options),
+    )
+    .map_err(|errno| MountError::Mount {
+        from: "tmpfs".to_string(),
+        target: target.to_path_buf(),
+        errno,
+    })
+}
+
+/// Detaches what is mounted on `target` (nothing mounted, or no `target`, is fine).
+pub fn unmount(target: &Path) -> Result<(), MountError> {
+    match nix::mount::umount2(target, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(Errno::EINVAL | Errno::ENOENT) => Ok(()),
+        Err(errno) => Err(MountError::Unmount {
+            target: target.to_path_buf(),
+            errno,
+        }),
+    }
+}
+
 /// Unmounts everything stacked on `target` (nothing mounted, or no `target`, is fine).
 pub fn unmount_all(target: &Path) -> Result<(), MountError> {
     // A bound on the stack a hostile caller could have built on the same path.
