@@ -845,5 +845,6 @@ case "${1:-}" in
   layered-image) push_layered_image "$2" "$3" "$4" ;;
   volume-image) push_volume_image; push_declared_volumes_image; push_hostile_account_images ;;
   cri-containerd) push_pause_image; cri_containerd_up "${2:-1}" ;;
-  *) echo "usage: $0 deps|up|down|env|test|soak|bench|big-image|layered-image|volume-image|cri-containerd" >&2; exit 2 ;;
+  cri-containerd-down) cri_containerd_down ;;
+  *) echo "usage: $0 deps|up|down|env|test|soak|bench|big-image|layered-image|volume-image|cri-containerd [1|2]|cri-containerd-down" >&2; exit 2 ;;
 esac

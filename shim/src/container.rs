@@ -27,6 +27,9 @@ pub struct Container {
     /// What the shim's own exec needs of the container (`direct_exec`); unset: every
     /// exec goes to runc.
     pub exec_target: std::sync::OnceLock<crate::direct_exec::ExecTarget>,
+    /// A pidfd of its init, taken at create: the shim signals a running init itself, as
+    /// `runc kill` would, without a runc process; unset: every kill goes to runc.
+    pub init_pidfd: std::sync::OnceLock<std::os::fd::OwnedFd>,
     /// The init's cgroup, found at create (a pid can be reused after the init exits).
     pub cgroup: Option<cgroups_rs::fs::Cgroup>,
     /// Held by every runtime command on the container itself (start, kill, delete, pause,
@@ -68,6 +71,7 @@ impl Container {
             poststart_hooks: facts.poststart_hooks,
             held_pod: facts.held_pod,
             exec_target: std::sync::OnceLock::new(),
+            init_pidfd: std::sync::OnceLock::new(),
             cgroup,
             ops: tokio::sync::Mutex::new(()),
             execs: Mutex::new(HashMap::new()),

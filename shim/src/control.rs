@@ -42,6 +42,9 @@ impl Shim {
             if container.held_pod {
                 return signal_pid(process.pid(), signal);
             }
+            if let Some(signalled) = signal_running_init(&container, signal, all) {
+                return signalled;
+            }
             return match container.runc.kill(&self.reaper, id, signal, all).await {
                 Err(e) if e.is_gone() => {
                     Err(ShimError::NotFound("process already finished".into()))
@@ -278,6 +281,38 @@ impl Shim {
 }
 
 /// Signals a process the shim reaps (so its pid is not reused before its exit is seen).
+/// Signals a running container's init through its pidfd, as `runc kill` without `--all`
+/// does (it signals the init alone), without running runc. `None` where runc must: a kill
+/// of all processes, a paused or not yet started container (runc thaws a frozen one for
+/// SIGKILL), a SIGKILL where the container shares a PID namespace (newer runc then kills
+/// every process of its cgroup), no pidfd, or a pidfd that fails for another reason than
+/// the init being gone.
+fn signal_running_init(
+    container: &Container,
+    signal: u32,
+    all: bool,
+) -> Option<Result<(), ShimError>> {
+    let shared_pid_kill = signal == libc::SIGKILL as u32 && !container.own_pid_namespace;
+    if all || shared_pid_kill || container.init.snapshot().status != Status::RUNNING {
+        return None;
+    }
+    let pidfd = container.init_pidfd.get()?;
+    let signal = i32::try_from(signal).ok()?;
+    match crate::pidfd::send_signal(pidfd, signal) {
+        Ok(()) => Some(Ok(())),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            Some(Err(ShimError::NotFound("process already finished".into())))
+        }
+        Err(e) => {
+            log::debug!(
+                "signalling {} through its pidfd: {e}; runc kill",
+                container.id
+            );
+            None
+        }
+    }
+}
+
 fn signal_pid(pid: i32, signal: u32) -> Result<(), ShimError> {
     // SAFETY: kill(2) with a positive pid and a signal number the caller checked.
     if pid > 0 && unsafe { libc::kill(pid, signal as i32) } == 0 {

@@ -96,6 +96,15 @@ impl Shim {
         if checkpoint.is_some() {
             container.mark_restored();
         }
+        // An init reaped already: a pidfd may be of a process that took its pid.
+        if !container.held_pod && !self.exit_kept(pid) {
+            match crate::pidfd::open(pid) {
+                Ok(fd) => {
+                    let _ = container.init_pidfd.set(fd);
+                }
+                Err(e) => log::debug!("kills of {id} go to runc: no pidfd of its init: {e}"),
+            }
+        }
         if let Some(defaults) = exec_defaults {
             match ExecTarget::open(pid, defaults) {
                 // An init reaped already: the pidfd may be of a process that took its pid.

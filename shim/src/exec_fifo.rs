@@ -11,7 +11,6 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -50,7 +49,7 @@ pub async fn start(state_dir: &Path, init_pid: i32) -> Result<bool, ExecFifoErro
         }
         Err(e) => return Err(e),
     };
-    let Some(init) = pidfd_open(init_pid) else {
+    let Ok(init) = crate::pidfd::open(init_pid) else {
         return Ok(false);
     };
     // SAFETY: the File and the OwnedFd own their descriptors, which stay open and the
@@ -105,19 +104,6 @@ fn read_start_byte(mut fifo: &File) -> Result<(), Option<std::io::Error>> {
             Err(e) => Err(Some(e)),
         };
     }
-}
-
-/// A pidfd for the process (readable once it exits); None when it is gone already or the
-/// kernel has no pidfd_open (before 5.3).
-fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    if pid <= 0 {
-        return None;
-    }
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
-    // SAFETY: the descriptor was just returned to this process and nothing else owns it.
-    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ mod holder;
 mod idmap;
 mod info;
 mod oom;
+mod pidfd;
 mod pod;
 mod process;
 mod protos;

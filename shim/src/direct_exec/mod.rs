@@ -13,7 +13,7 @@ mod lookup;
 mod seal;
 pub mod spec;
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
@@ -107,7 +107,7 @@ pub struct ExecTarget {
 impl ExecTarget {
     pub fn open(init_pid: i32, defaults: ExecDefaults) -> std::io::Result<Self> {
         Ok(Self {
-            init: pidfd_open(init_pid)?,
+            init: crate::pidfd::open(init_pid)?,
             defaults,
         })
     }
@@ -194,16 +194,6 @@ pub fn declined(error: &RuncError) -> bool {
             true
         }
     }
-}
-
-fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open returns a new descriptor (close-on-exec) or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just made and owned by no one else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]
