@@ -555,6 +555,14 @@ TOML
   bin_dirs = ["/usr/lib/cni"]
   conf_dir = "$dir/net.d"
 TOML
+    # CRIUS_BENCH_CTRD_UNPACKS: layers its pulls unpack at once (2.2+; 1, its default, is
+    # one after the other), to compare crius's pulls with containerd's parallel unpack.
+    if [ -n "${CRIUS_BENCH_CTRD_UNPACKS:-}" ]; then
+      cat >>"$dir/config.toml" <<TOML
+[plugins."io.containerd.transfer.v1.local"]
+  max_concurrent_unpacks = $CRIUS_BENCH_CTRD_UNPACKS
+TOML
+    fi
   else
     cat >>"$dir/config.toml" <<TOML
 [plugins."io.containerd.grpc.v1.cri"]

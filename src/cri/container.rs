@@ -1,7 +1,6 @@
 //! What the container RPCs share: directories, the metadata extension, state conversion,
 //! exit handling and stopping a container's process.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -12,11 +11,8 @@ use tonic::Status;
 use super::sandbox::internal;
 use super::unix_nanos;
 use crate::cri::CriService;
-use crate::store::{Container, ContainerMetadata, ContainerState};
+use crate::store::{Container, ContainerState};
 
-/// The extension on the containerd container that holds crius's container metadata.
-pub const CONTAINER_METADATA_EXTENSION: &str = "io.crius.container.metadata";
-const CONTAINER_METADATA_TYPE: &str = "crius.io/ContainerMetadata/v1";
 /// How long an exited container's output may keep flowing before its log is closed.
 pub const EXIT_DRAIN: Duration = Duration::from_secs(2);
 /// How long recording an exit waits for the exited task's delete.
@@ -32,28 +28,6 @@ pub fn cri_state(state: ContainerState) -> i32 {
         ContainerState::Exited => CriState::ContainerExited as i32,
         ContainerState::Unknown => CriState::ContainerUnknown as i32,
     }
-}
-
-pub fn metadata_extension(
-    metadata: &ContainerMetadata,
-) -> Result<HashMap<String, prost_types::Any>, Status> {
-    let value = serde_json::to_vec(metadata)
-        .map_err(|e| Status::internal(format!("encoding container metadata: {e}")))?;
-    Ok(HashMap::from([(
-        CONTAINER_METADATA_EXTENSION.to_string(),
-        prost_types::Any {
-            type_url: CONTAINER_METADATA_TYPE.to_string(),
-            value,
-        },
-    )]))
-}
-
-pub fn metadata_from_extensions(
-    extensions: &HashMap<String, prost_types::Any>,
-) -> Option<Result<ContainerMetadata, serde_json::Error>> {
-    extensions
-        .get(CONTAINER_METADATA_EXTENSION)
-        .map(|any| serde_json::from_slice(&any.value))
 }
 
 /// The reason a container exited with `code`.

@@ -15,9 +15,9 @@ use containerd_client::services::v1::Container as ContainerRecord;
 use containerd_client::types::Mount;
 use tonic::Status;
 
-use super::container::metadata_extension;
 use super::names::Reservation;
-use super::sandbox::{KIND_CONTAINER, KIND_LABEL, internal, is_host_ipc, new_id};
+use super::record::{KIND_CONTAINER, KIND_LABEL, container_metadata_extension};
+use super::sandbox::{internal, is_host_ipc, new_id};
 use super::unix_nanos;
 use super::userns::PodUserns;
 use crate::config::RuntimeConfig;
@@ -502,7 +502,7 @@ impl CriService {
             spec: Some(spec_any),
             snapshotter: snapshotter.to_string(),
             snapshot_key: new.id.clone(),
-            extensions: metadata_extension(metadata)?,
+            extensions: container_metadata_extension(metadata)?,
             ..Default::default()
         };
         self.containerd

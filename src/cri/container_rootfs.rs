@@ -22,9 +22,6 @@ use crate::cri::CriService;
 use crate::oci::container::DeclaredVolume;
 use crate::oci::user::AccountFiles;
 
-/// Under a container's root dir: where the image's rootfs is mounted read-only while
-/// CreateContainer reads it.
-pub(crate) const ROOTFS_VIEW_DIR: &str = "rootfs-view";
 /// The largest `/etc/passwd` or `/etc/group` crius reads.
 pub const MAX_ACCOUNT_FILE: u64 = 4 * 1024 * 1024;
 
@@ -110,7 +107,7 @@ impl CriService {
         volumes: Vec<DeclaredVolume>,
         rootfs: Vec<containerd_client::types::Mount>,
     ) -> Result<RootfsReads, Status> {
-        let staging = root_dir.join(ROOTFS_VIEW_DIR);
+        let staging = root_dir.join(super::record::ROOTFS_VIEW_DIR);
         tokio::task::spawn_blocking(move || {
             with_read_only_rootfs(&staging, &rootfs, |root| {
                 let accounts = AccountFiles {

@@ -4,7 +4,7 @@
 use crate::api::v1::{UpdateContainerResourcesRequest, UpdateContainerResourcesResponse};
 use tonic::Status;
 
-use super::container::metadata_extension;
+use super::record::container_metadata_extension as metadata_extension;
 use super::sandbox::internal;
 use crate::api::v1::LinuxContainerResources;
 use crate::cri::CriService;

@@ -2,6 +2,7 @@
 //! (code, time, reason, drained output); a pause task that exits makes its sandbox NOTREADY.
 //! Either way the task is deleted, as containerd's CRI does.
 
+use super::record::UNKNOWN_EXIT_CODE;
 use containerd_client::types::v1::Status as ProcessStatus;
 
 use std::sync::Arc;
@@ -10,9 +11,6 @@ use std::time::SystemTime;
 use crate::cri::CriService;
 use crate::cri::events::{TaskExitEvent, TaskExitHandler};
 use crate::store::{Container, ContainerState, SandboxState};
-
-/// The exit code recorded when a task vanished without telling how it ended.
-pub const UNKNOWN_EXIT_CODE: u32 = 255;
 
 #[async_trait::async_trait]
 impl TaskExitHandler for CriService {

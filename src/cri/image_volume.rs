@@ -11,6 +11,7 @@
 //! deletes the leases of pods that are gone. While a pod has an image mounted, the image
 //! cannot be removed.
 
+use super::record::VOLUME_LEASE_PREFIX;
 use std::path::{Path, PathBuf};
 
 use tonic::{Code, Status};
@@ -21,8 +22,6 @@ use crate::store::{Image, SandboxMetadata};
 
 /// Under the state directory: one directory per pod, one mount point per image.
 const VOLUMES_DIR: &str = "image-volumes";
-/// The lease holding a pod's image volume snapshots is this, then the pod ID.
-pub(crate) const VOLUME_LEASE_PREFIX: &str = "crius-image-volumes-";
 /// cri-api's `ErrImageVolumeMountFailed`: kubelet reports the container's failure with it.
 const MOUNT_FAILED: &str = "ImageVolumeMountFailed";
 

@@ -34,6 +34,7 @@ pub(crate) mod image_volume;
 mod list_stream;
 mod metrics;
 mod names;
+pub mod record;
 pub mod recovery;
 mod runtime_config;
 mod runtime_errors;

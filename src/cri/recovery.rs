@@ -17,12 +17,14 @@ use std::sync::Arc;
 
 use containerd_client::types::v1::Status as ProcessStatus;
 
+use super::record::{
+    KIND_CONTAINER, KIND_LABEL, KIND_SANDBOX, NETNS_NOTE, ROOTFS_VIEW_DIR, UNKNOWN_EXIT_CODE,
+    VOLUME_LEASE_PREFIX, container_metadata_from_extensions as container_metadata,
+    sandbox_metadata_from_extensions as metadata_from_extensions,
+};
 use crate::containerd::tasks::TaskState;
 use crate::containerd::{Containerd, ContainerdError};
 use crate::cri::CriService;
-use crate::cri::container::metadata_from_extensions as container_metadata;
-use crate::cri::exits::UNKNOWN_EXIT_CODE;
-use crate::cri::sandbox::{KIND_CONTAINER, KIND_LABEL, KIND_SANDBOX, metadata_from_extensions};
 use crate::image::load::load_image;
 use crate::io::ContainerIo;
 use crate::store::container::read_status;
@@ -413,16 +415,14 @@ fn remove_dirs(dirs: &[std::path::PathBuf]) {
 
 /// Whether `lease` holds the image volumes of a pod crius still has (they outlive restarts).
 fn holds_live_image_volumes(service: &CriService, lease: &str) -> bool {
-    lease
-        .strip_prefix(crate::cri::image_volume::VOLUME_LEASE_PREFIX)
-        .is_some_and(|id| {
-            service
-                .sandboxes
-                .get(id)
-                .ok()
-                .flatten()
-                .is_some_and(|s| s.id() == id)
-        })
+    lease.strip_prefix(VOLUME_LEASE_PREFIX).is_some_and(|id| {
+        service
+            .sandboxes
+            .get(id)
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.id() == id)
+    })
 }
 
 /// IDs of the entries of `dir` (none when it does not exist).
@@ -519,9 +519,7 @@ async fn remove_sandbox_leftovers(service: &CriService, recorded: &HashSet<Strin
 
 /// The netns a leftover sandbox's note names, if it is one of crius's.
 async fn remove_leftover_netns(service: &CriService, id: &str) {
-    let note = service
-        .sandbox_root_dir(id)
-        .join(crate::cri::sandbox::NETNS_NOTE);
+    let note = service.sandbox_root_dir(id).join(NETNS_NOTE);
     let note =
         tokio::task::spawn_blocking(move || crate::sys::fsutil::read_bounded_string(&note, 4096))
             .await
@@ -551,9 +549,7 @@ async fn remove_container_leftovers(service: &CriService, recorded: &HashSet<Str
     for id in container_ids {
         // A crash in the middle of CreateContainer can leave the image's read-only rootfs
         // view mounted; it is never in use after start-up.
-        let view = service
-            .container_root_dir(&id)
-            .join(crate::cri::container_rootfs::ROOTFS_VIEW_DIR);
+        let view = service.container_root_dir(&id).join(ROOTFS_VIEW_DIR);
         if view.exists() {
             if let Err(e) = crate::sys::mount::unmount_all(&view) {
                 tracing::warn!(container = %id, error = %e, "unmounting a leftover rootfs view failed");

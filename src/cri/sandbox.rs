@@ -2,7 +2,6 @@
 //! record, the sandbox's files (hostname, hosts, resolv.conf), its /dev/shm, stopping its
 //! task, and tearing its network down.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,13 +13,6 @@ use crate::cni::network::PodRef;
 use crate::cri::CriService;
 use crate::store::{Sandbox, SandboxMetadata, SandboxState};
 
-/// containerd label that tells sandboxes and containers apart, as containerd's CRI sets it.
-pub const KIND_LABEL: &str = "io.cri-containerd.kind";
-pub const KIND_SANDBOX: &str = "sandbox";
-pub const KIND_CONTAINER: &str = "container";
-/// The extension on the containerd container that holds crius's sandbox metadata.
-pub const SANDBOX_METADATA_EXTENSION: &str = "io.crius.sandbox.metadata";
-const SANDBOX_METADATA_TYPE: &str = "crius.io/SandboxMetadata/v1";
 /// Size of a pod's /dev/shm (containerd's default).
 const SHM_SIZE: u64 = 64 * 1024 * 1024;
 /// How long stopping waits for a killed task to exit.
@@ -60,30 +52,6 @@ fn namespace_mode(
         .unwrap_or(NamespaceMode::Pod as i32)
 }
 
-/// The metadata as a containerd container extension.
-pub fn metadata_extension(
-    metadata: &SandboxMetadata,
-) -> Result<HashMap<String, prost_types::Any>, Status> {
-    let value = serde_json::to_vec(metadata)
-        .map_err(|e| Status::internal(format!("encoding sandbox metadata: {e}")))?;
-    Ok(HashMap::from([(
-        SANDBOX_METADATA_EXTENSION.to_string(),
-        prost_types::Any {
-            type_url: SANDBOX_METADATA_TYPE.to_string(),
-            value,
-        },
-    )]))
-}
-
-/// The metadata from a containerd container's extension, if it carries one.
-pub fn metadata_from_extensions(
-    extensions: &HashMap<String, prost_types::Any>,
-) -> Option<Result<SandboxMetadata, serde_json::Error>> {
-    extensions
-        .get(SANDBOX_METADATA_EXTENSION)
-        .map(|any| serde_json::from_slice(&any.value))
-}
-
 /// `/etc/hosts` of a pod with its own network.
 const POD_HOSTS: &str = "127.0.0.1\tlocalhost\n\
 ::1\tlocalhost ip6-localhost ip6-loopback\n\
@@ -104,11 +72,6 @@ fn shm_options(owner: Option<(u32, u32)>) -> String {
 pub fn resolv_conf(dns: &DnsConfig) -> String {
     crius_common::pod_files::resolv_conf(&dns.servers, &dns.searches, &dns.options)
 }
-
-/// In a sandbox's root dir: the path of its netns, written before the netns is made.
-pub(crate) const NETNS_NOTE: &str = "netns";
-/// In a sandbox's root dir: present once RunPodSandbox finished making it.
-const STARTED_MARK: &str = "started";
 
 impl CriService {
     pub(crate) fn sandbox_root_dir(&self, id: &str) -> PathBuf {
@@ -176,13 +139,15 @@ impl CriService {
 
     /// Records that the sandbox was fully made: recovery undoes sandboxes without it.
     pub(crate) fn mark_sandbox_started(&self, id: &str) -> Result<(), Status> {
-        let path = self.sandbox_root_dir(id).join(STARTED_MARK);
+        let path = self.sandbox_root_dir(id).join(super::record::STARTED_MARK);
         crate::sys::fsutil::write_atomic(&path, b"started\n", 0o600)
             .map_err(|e| Status::internal(format!("writing {}: {e}", path.display())))
     }
 
     pub(crate) fn sandbox_was_started(&self, id: &str) -> bool {
-        self.sandbox_root_dir(id).join(STARTED_MARK).exists()
+        self.sandbox_root_dir(id)
+            .join(super::record::STARTED_MARK)
+            .exists()
     }
 
     /// Removes the sandbox's root and state dirs.

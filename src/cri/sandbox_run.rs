@@ -16,11 +16,10 @@ use containerd_client::services::v1::Container;
 use containerd_client::types::Mount;
 use tonic::Status;
 
-use super::sandbox::NETNS_NOTE;
-use super::sandbox::{
-    KIND_LABEL, KIND_SANDBOX, internal, is_host_ipc, is_host_network, metadata_extension, new_id,
-    pod_ref,
+use super::record::{
+    KIND_LABEL, KIND_SANDBOX, NETNS_NOTE, sandbox_metadata_extension as metadata_extension,
 };
+use super::sandbox::{internal, is_host_ipc, is_host_network, new_id, pod_ref};
 use super::unix_nanos;
 use crate::cni::network::{NetworkAttachment, capability_args};
 use crate::cni::result::CniResult;

@@ -10,7 +10,8 @@ use crate::api::v1::{
 };
 use tonic::Status;
 
-use super::sandbox::{internal, metadata_extension};
+use super::record::sandbox_metadata_extension as metadata_extension;
+use super::sandbox::internal;
 use crate::cri::CriService;
 use crate::stats::cgroup::{CgroupLimits, parent_of};
 use crate::store::SandboxMetadata;
