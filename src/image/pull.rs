@@ -76,6 +76,9 @@ enum PullError {
     NotFound(String),
     #[error("{0}")]
     Corrupt(String),
+    /// crius's own fault: a pull task that died, a limiter closed under it.
+    #[error("{0}")]
+    Internal(String),
     #[error("no progress for {0:?}; cancelled")]
     Stalled(Duration),
     #[error("not done within {limit:?}, the most a pull of {bytes} bytes may take; cancelled")]
@@ -108,7 +111,7 @@ impl PullError {
             Self::NotFound(_) => Code::NotFound,
             Self::Corrupt(_) => Code::DataLoss,
             Self::Stalled(_) | Self::TooSlow { .. } | Self::Cancelled => Code::DeadlineExceeded,
-            Self::Failpoint(_) => Code::Internal,
+            Self::Failpoint(_) | Self::Internal(_) => Code::Internal,
             Self::Unpack(
                 super::unpack::UnpackError::Containerd(_)
                 | super::unpack::UnpackError::Failpoint(_)
@@ -733,7 +736,7 @@ impl ImagePuller {
                 }
                 PendingLayer::Staging(stage) => stage
                     .await
-                    .map_err(|e| PullError::Unsupported(format!("layer staging task: {e}")))??,
+                    .map_err(|e| PullError::Internal(format!("layer staging task: {e}")))??,
             };
             let (layer, diff_id) = (&layers[i], &docs.config.rootfs.diff_ids[i]);
             match staged {
@@ -754,7 +757,7 @@ impl ImagePuller {
                     let _slot = unpack_slots
                         .acquire()
                         .await
-                        .map_err(|_| PullError::Unsupported("unpack limiter closed".to_string()))?;
+                        .map_err(|_| PullError::Internal("unpack limiter closed".to_string()))?;
                     unpack_layer(
                         &self.containerd,
                         snapshotter,
@@ -801,9 +804,10 @@ impl ImagePuller {
                 };
                 let semaphore = Arc::clone(&semaphore);
                 AbortOnDropHandle::new(tokio::spawn(async move {
-                    let _permit = semaphore.acquire_owned().await.map_err(|_| {
-                        PullError::Unsupported("download limiter closed".to_string())
-                    })?;
+                    let _permit = semaphore
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| PullError::Internal("download limiter closed".to_string()))?;
                     download.run().await
                 }))
             })
@@ -980,7 +984,7 @@ async fn downloaded(
 ) -> Result<(), PullError> {
     download
         .await
-        .map_err(|e| PullError::Unsupported(format!("layer download task: {e}")))??;
+        .map_err(|e| PullError::Internal(format!("layer download task: {e}")))??;
     tracing::debug!(
         layer = index,
         elapsed_ms = progress.started.elapsed().as_millis() as u64,
@@ -1011,7 +1015,7 @@ impl StageLayer {
         let _slot = slots
             .acquire_owned()
             .await
-            .map_err(|_| PullError::Unsupported("unpack limiter closed".to_string()))?;
+            .map_err(|_| PullError::Internal("unpack limiter closed".to_string()))?;
         let staged = stage_layer(
             &self.containerd,
             &self.snapshotter,
