@@ -461,6 +461,12 @@ const LAYER_DIGEST_TRICKLE: &str =
 const LAYER_DIGEST_CRAWL: &str =
     "sha256:4444444444444444444444444444444444444444444444444444444444444444";
 const CRAWL_LAYER_SIZE: usize = 512 * 1024;
+/// Sent whole and at once, but its bytes are not its digest.
+const LAYER_DIGEST_LIE: &str =
+    "sha256:5555555555555555555555555555555555555555555555555555555555555555";
+/// A big layer (written in place into containerd's ingest) that never ends.
+const LAYER_DIGEST_ENDLESS_BIG: &str =
+    "sha256:6666666666666666666666666666666666666666666666666666666666666666";
 
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
@@ -526,7 +532,8 @@ impl EvilRegistry {
                     let manifest_type = "application/vnd.oci.image.manifest.v1+json";
                     let endless = path.ends_with("/manifests/endless")
                         || path.contains(CONFIG_DIGEST_ENDLESS)
-                        || path.contains(LAYER_DIGEST);
+                        || path.contains(LAYER_DIGEST)
+                        || path.contains(LAYER_DIGEST_ENDLESS_BIG);
                     let config_digest = sha256_hex(config.as_bytes());
                     if path.ends_with("/manifests/trickle") || path.contains(LAYER_DIGEST_TRICKLE) {
                         let start = format!(
@@ -556,9 +563,18 @@ impl EvilRegistry {
                         }
                         return;
                     }
+                    if path.contains(LAYER_DIGEST_LIE) {
+                        let body = "0".repeat(CRAWL_LAYER_SIZE);
+                        let _ = conn
+                            .write_all(fixed("application/octet-stream", &body).as_bytes())
+                            .await;
+                        return;
+                    }
                     for (tag, layer) in [
                         ("trickle-layer", LAYER_DIGEST_TRICKLE),
                         ("crawl-layer", LAYER_DIGEST_CRAWL),
+                        ("lying-layer", LAYER_DIGEST_LIE),
+                        ("endless-big-layer", LAYER_DIGEST_ENDLESS_BIG),
                     ] {
                         if path.ends_with(&format!("/manifests/{tag}")) {
                             let body = manifest_with_layer(
@@ -670,6 +686,7 @@ async fn a_registry_that_never_stops_sending_is_cut_off_and_gets_no_foreign_cred
             "longer than the 100 bytes its descriptor says",
         ),
         ("endless-layer", "longer than its descriptor"),
+        ("endless-big-layer", "longer than its descriptor"),
     ] {
         let (took, outcome) = pull(format!("{}/evil:{tag}", evil.addr), None).await;
         let err = outcome.expect_err(tag);
@@ -765,6 +782,41 @@ async fn a_registry_that_trickles_or_crawls_is_cut_off() {
         !ingests.contains("crius-layer"),
         "a cut-off pull left its download: {ingests}"
     );
+}
+
+#[tokio::test]
+async fn a_layer_whose_bytes_are_not_its_digest_is_refused_and_leaves_nothing() {
+    let evil = EvilRegistry::start().await;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let err = client
+        .image
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: format!("{}/evil:lying-layer", evil.addr),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a lying layer");
+    assert_eq!(err.code(), Code::DataLoss, "{err:?}");
+    assert!(err.message().contains(LAYER_DIGEST_LIE), "{err:?}");
+    // Its bytes went into containerd's ingest file (crius sees containerd's store here).
+    assert!(
+        crius.log().contains("writing the blob in place"),
+        "{}",
+        crius.log()
+    );
+    let ingests = crius.ctr(&["content", "active"]);
+    assert!(
+        !ingests.contains("crius-layer"),
+        "the lying layer's ingest was left: {ingests}"
+    );
+    let content = crius.ctr(&["content", "ls", "-q"]);
+    assert!(!content.contains(LAYER_DIGEST_LIE), "{content}");
+    let leases = crius.ctr(&["leases", "ls", "-q"]);
+    assert!(!leases.contains("crius-"), "{leases}");
 }
 
 #[tokio::test]

@@ -112,6 +112,58 @@ fn content_digests(crius: &Crius) -> HashSet<String> {
         .collect()
 }
 
+/// A layer bigger than a few chunks goes straight into containerd's ingest file, and
+/// containerd takes it as if it had been sent over its Write stream.
+#[tokio::test]
+async fn a_big_layer_written_into_containerds_ingest_is_committed_whole() {
+    use sha2::{Digest, Sha256};
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start().await;
+    let mut client = crius.client().await;
+    let layer = random_layer();
+    let layer_digest = format!("sha256:{:x}", Sha256::digest(&layer));
+    let image = format!(
+        "{registry}/{}",
+        push_image(&registry, std::slice::from_ref(&layer)).await
+    );
+    pull(&mut client, &image).await.expect("pull");
+    assert!(
+        crius
+            .log()
+            .lines()
+            .any(|l| l.contains("writing the blob in place") && l.contains(&layer_digest)),
+        "{}",
+        crius.log()
+    );
+    assert!(content_digests(&crius).contains(&layer_digest));
+    // (The pull unpacked the layer from what containerd holds, checking its diff ID.)
+    let stored = std::process::Command::new("ctr")
+        .arg("--address")
+        .arg(&crius.config.containerd.address)
+        .args(["-n", &crius.config.containerd.namespace])
+        .args(["content", "get", &layer_digest])
+        .output()
+        .expect("ctr content get")
+        .stdout;
+    assert_eq!(stored.len(), layer.len());
+    assert!(
+        stored == layer,
+        "containerd holds other bytes than the layer's"
+    );
+    let ingests = crius.ctr(&["content", "active"]);
+    assert!(!ingests.contains("crius-layer"), "{ingests}");
+    client
+        .image
+        .remove_image(RemoveImageRequest {
+            image: Some(ImageSpec {
+                image: image.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("remove");
+}
+
 #[tokio::test]
 async fn pulls_by_tag_and_digest_into_containerd() {
     let registry = Testbed::from_env().registry;

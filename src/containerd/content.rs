@@ -2,6 +2,7 @@
 //! store make, with the containerd conventions (lease header, GC labels) in one place.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -17,6 +18,7 @@ use containerd_client::services::v1::{
 use containerd_client::types::{Descriptor, Mount};
 use futures::{Stream, StreamExt};
 use sha2::{Digest as _, Sha256};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
@@ -27,6 +29,9 @@ use super::{Containerd, ContainerdError};
 const LEASE_HEADER: &str = "containerd-lease";
 /// Size of each chunk sent to the content store.
 const WRITE_CHUNK: usize = 1024 * 1024;
+/// Blobs from this size on are written into the ingest's file where crius can (smaller
+/// ones cost less over the stream than the second open the file takes).
+const IN_PLACE_MIN_SIZE: i64 = 256 * 1024;
 
 /// Wraps `msg` in a request that carries `lease` (when given).
 pub fn leased<T>(msg: T, lease: Option<&str>) -> tonic::Request<T> {
@@ -53,6 +58,12 @@ impl ContainerdError {
 
     pub fn is_already_exists(&self) -> bool {
         self.code() == Some(Code::AlreadyExists)
+    }
+
+    /// Whether another writer holds the ingest (containerd answers UNAVAILABLE "locked").
+    pub fn is_locked(&self) -> bool {
+        matches!(self, Self::Rpc { status, .. }
+            if status.code() == Code::Unavailable && status.message().contains("locked"))
     }
 }
 
@@ -299,6 +310,7 @@ impl Containerd {
             containerd: self.clone(),
             tx,
             responses,
+            lease: lease.to_string(),
             ingest_ref: ingest_ref.to_string(),
             digest: digest.to_string(),
             size,
@@ -624,6 +636,7 @@ pub struct ContentWriter {
     containerd: Containerd,
     tx: mpsc::Sender<WriteContentRequest>,
     responses: tonic::Streaming<containerd_client::services::v1::WriteContentResponse>,
+    lease: String,
     ingest_ref: String,
     digest: String,
     size: i64,
@@ -666,9 +679,35 @@ impl ContentWriter {
         }
     }
 
-    /// Streams the blob from its start, checking its digest and size, and commits it with
-    /// `labels`. `progress` is called with each chunk's length.
+    /// Writes the blob from its start, checking its digest and size, and commits it with
+    /// `labels`. `progress` is called with each chunk's length. Where crius sees
+    /// containerd's local content store, the bytes go straight into the ingest's data file
+    /// (see [`IngestFile`]); otherwise they go over the Write stream.
     pub async fn write_all<S, E>(
+        self,
+        data: S,
+        labels: HashMap<String, String>,
+        progress: impl Fn(usize),
+    ) -> Result<(), WriteError<E>>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::error::Error + 'static,
+    {
+        let in_place = if self.size >= IN_PLACE_MIN_SIZE {
+            IngestFile::find(&self.containerd, &self.ingest_ref).await
+        } else {
+            None
+        };
+        match in_place {
+            Some(file) => {
+                tracing::debug!(ingest = %self.ingest_ref, path = %file.data.display(), "writing the blob in place");
+                self.write_in_place(file, data, labels, progress).await
+            }
+            None => self.write_streamed(data, labels, progress).await,
+        }
+    }
+
+    async fn write_streamed<S, E>(
         self,
         data: S,
         labels: HashMap<String, String>,
@@ -696,7 +735,8 @@ impl ContentWriter {
             }
             Ok::<(), tonic::Status>(())
         });
-        let outcome = match send_blob(data, &tx, size, progress)
+        let mut sink = StreamSink(&tx);
+        let outcome = match copy_blob(data, &mut sink, size, progress)
             .await
             .check(&digest, size)
         {
@@ -723,6 +763,156 @@ impl ContentWriter {
             }
         }
     }
+
+    /// Writes the blob into the ingest's data file while this writer holds the ingest's
+    /// lock, lets go of the writer, and opens it again: containerd re-reads the file,
+    /// hashing it, finds it complete, and checks digest and size at the commit as for
+    /// bytes it received itself.
+    async fn write_in_place<S, E>(
+        self,
+        file: IngestFile,
+        data: S,
+        labels: HashMap<String, String>,
+        progress: impl Fn(usize),
+    ) -> Result<(), WriteError<E>>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::error::Error + 'static,
+    {
+        let Self {
+            containerd,
+            tx,
+            mut responses,
+            lease,
+            ingest_ref,
+            digest,
+            size,
+            ..
+        } = self;
+        let written = match file.open().await {
+            Ok(out) => {
+                let mut sink = FileSink { out, error: None };
+                let sent = copy_blob(data, &mut sink, size, progress).await;
+                match sink.finish().await {
+                    Ok(()) => sent.check(&digest, size),
+                    Err(e) => Err(file.error(e).into()),
+                }
+            }
+            Err(e) => Err(file.error(e).into()),
+        };
+        // Ending the stream closes containerd's writer and unlocks the ingest.
+        drop(tx);
+        while let Some(resp) = responses.next().await {
+            if resp.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = written {
+            containerd.abort_ingest(&ingest_ref).await;
+            return Err(e);
+        }
+        match commit_written(&containerd, &lease, &ingest_ref, &digest, size, labels).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                containerd.abort_ingest(&ingest_ref).await;
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Opens the ingest `ingest_ref` again after its data was written in place and commits it;
+/// waits while another pull of the same blob holds it (that one then finds it complete too).
+async fn commit_written(
+    containerd: &Containerd,
+    lease: &str,
+    ingest_ref: &str,
+    digest: &str,
+    size: i64,
+    labels: HashMap<String, String>,
+) -> Result<(), ContainerdError> {
+    const LOCKED_WAIT: Duration = Duration::from_millis(50);
+    const LOCKED_TRIES: u32 = 600;
+    for _ in 0..LOCKED_TRIES {
+        match containerd
+            .open_writer(lease, ingest_ref, digest, size)
+            .await
+        {
+            Ok(None) => return Ok(()),
+            Ok(Some(writer)) if writer.is_complete() => return writer.commit(labels).await,
+            Ok(Some(writer)) => {
+                let offset = writer.offset;
+                drop(writer);
+                return Err(rpc_write(tonic::Status::data_loss(format!(
+                    "ingest {ingest_ref}: containerd read back {offset} of the {size} bytes written in place"
+                ))));
+            }
+            Err(e) if e.is_locked() => tokio::time::sleep(LOCKED_WAIT).await,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(rpc_write(tonic::Status::unavailable(format!(
+        "ingest {ingest_ref} stayed locked by another writer"
+    ))))
+}
+
+/// The data file of an open ingest in containerd's local content store. That store keeps
+/// an ingest in `<root>/ingest/<hex>/`, with the ingest's key (`<namespace>/<n>/<ref>`) in
+/// its `ref` file and the bytes so far in `data`; a writer opened on an ingest whose data is
+/// already there reads it back through the digest (containerd's own resume path).
+pub struct IngestFile {
+    data: PathBuf,
+}
+
+impl IngestFile {
+    /// The data file of `ingest_ref` in crius's namespace, if exactly one ingest directory
+    /// holds its key (none when containerd's content store is not a local one crius sees).
+    async fn find(containerd: &Containerd, ingest_ref: &str) -> Option<Self> {
+        let root = containerd.content_root().await?.join("ingest");
+        let prefix = format!("{}/", containerd.namespace());
+        let suffix = format!("/{ingest_ref}");
+        tokio::task::spawn_blocking(move || {
+            let mut found = None;
+            for entry in std::fs::read_dir(&root).ok()?.flatten() {
+                let Ok(key) = std::fs::read_to_string(entry.path().join("ref")) else {
+                    continue;
+                };
+                if ingest_key_matches(&key, &prefix, &suffix) {
+                    if found.is_some() {
+                        return None;
+                    }
+                    found = Some(entry.path().join("data"));
+                }
+            }
+            found.map(|data| Self { data })
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    async fn open(&self) -> std::io::Result<tokio::fs::File> {
+        tokio::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.data)
+            .await
+    }
+
+    fn error(&self, source: std::io::Error) -> ContainerdError {
+        ContainerdError::Ingest {
+            path: self.data.clone(),
+            source,
+        }
+    }
+}
+
+/// Whether `key` is `<prefix><sequence number><suffix>`.
+fn ingest_key_matches(key: &str, prefix: &str, suffix: &str) -> bool {
+    key.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_suffix(suffix))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// What sending a blob's data to containerd came to.
@@ -764,12 +954,61 @@ impl<E: std::error::Error + 'static> Sent<E> {
     }
 }
 
-/// Sends `data` to containerd in writes of up to [`WRITE_CHUNK`] from offset 0 (which
+/// Where a blob's bytes go, in writes at increasing offsets.
+trait BlobSink {
+    /// Writes `data` at `offset`; false when the sink is gone (its error is kept elsewhere).
+    async fn put(&mut self, offset: i64, data: Vec<u8>) -> bool;
+}
+
+/// The Write stream to containerd.
+struct StreamSink<'a>(&'a mpsc::Sender<WriteContentRequest>);
+
+impl BlobSink for StreamSink<'_> {
+    async fn put(&mut self, offset: i64, data: Vec<u8>) -> bool {
+        let req = WriteContentRequest {
+            action: WriteAction::Write as i32,
+            offset,
+            data,
+            ..Default::default()
+        };
+        self.0.send(req).await.is_ok()
+    }
+}
+
+/// An ingest's data file, written in order from its start.
+struct FileSink {
+    out: tokio::fs::File,
+    error: Option<std::io::Error>,
+}
+
+impl BlobSink for FileSink {
+    async fn put(&mut self, _offset: i64, data: Vec<u8>) -> bool {
+        match self.out.write_all(&data).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.error = Some(e);
+                false
+            }
+        }
+    }
+}
+
+impl FileSink {
+    /// Waits for the last write and reports the first error.
+    async fn finish(mut self) -> std::io::Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.out.flush().await
+    }
+}
+
+/// Copies `data` into `sink` in writes of up to [`WRITE_CHUNK`] from offset 0 (which
 /// restarts any earlier partial ingest), hashing it on the way; a source that gives more
 /// than `size` is cut off at once, not when it stops (it might never).
-async fn send_blob<S, E>(
+async fn copy_blob<S, E>(
     mut data: S,
-    tx: &mpsc::Sender<WriteContentRequest>,
+    sink: &mut impl BlobSink,
     size: i64,
     progress: impl Fn(usize),
 ) -> Sent<E>
@@ -812,13 +1051,7 @@ where
             };
             let payload = std::mem::replace(&mut buffer, next);
             let len = payload.len() as i64;
-            let req = WriteContentRequest {
-                action: WriteAction::Write as i32,
-                offset,
-                data: payload,
-                ..Default::default()
-            };
-            if tx.send(req).await.is_err() {
+            if !sink.put(offset, payload).await {
                 break;
             }
             offset += len;

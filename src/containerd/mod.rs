@@ -10,6 +10,7 @@ pub mod lease_pool;
 pub mod tasks;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use containerd_client::services::v1::{
@@ -59,6 +60,11 @@ pub enum ContainerdError {
         op: &'static str,
         status: tonic::Status,
     },
+    #[error("write {} in containerd's content store: {source}", path.display())]
+    Ingest {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl ContainerdError {
@@ -90,6 +96,8 @@ pub struct Containerd {
     namespace: String,
     header: NamespaceHeader,
     address: PathBuf,
+    /// The local content store's directory, once asked (shared by clones).
+    content_root: Arc<tokio::sync::OnceCell<Option<PathBuf>>>,
 }
 
 impl Containerd {
@@ -112,6 +120,7 @@ impl Containerd {
                         namespace: namespace.to_string(),
                         header: NamespaceHeader(header),
                         address: address.to_path_buf(),
+                        content_root: Arc::default(),
                     });
                 }
                 Err(reason) if tokio::time::Instant::now() + backoff >= deadline => {
@@ -185,6 +194,28 @@ impl Containerd {
             .await
             .map_err(ContainerdError::rpc("version"))?;
         Ok(resp.into_inner().version)
+    }
+
+    /// The directory of containerd's local content store as containerd reports it; `None`
+    /// when its content plugin exports no root (another store) or cannot be asked. Asked
+    /// once per connection.
+    pub async fn content_root(&self) -> Option<&Path> {
+        self.content_root
+            .get_or_init(|| async {
+                let plugins = self
+                    .introspection()
+                    .plugins(PluginsRequest {
+                        filters: vec!["type==io.containerd.content.v1,id==content".to_string()],
+                    })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .plugins;
+                let root = plugins.first()?.exports.get("root")?;
+                Some(PathBuf::from(root))
+            })
+            .await
+            .as_deref()
     }
 
     /// Fails unless containerd serves the snapshotter `name` and it initialised.

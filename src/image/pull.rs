@@ -1067,7 +1067,7 @@ impl LayerDownload {
                 }
                 Ok(Some(writer)) => writer,
                 // Another pull is writing the same layer: wait for it, then look again.
-                Err(e) if is_locked(&e) => {
+                Err(e) if e.is_locked() => {
                     tracing::debug!(%digest, "layer is being written by another pull; waiting");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                     continue;
@@ -1093,11 +1093,6 @@ impl LayerDownload {
                 });
         }
     }
-}
-
-fn is_locked(e: &ContainerdError) -> bool {
-    matches!(e, ContainerdError::Rpc { status, .. }
-        if status.code() == Code::Unavailable && status.message().contains("locked"))
 }
 
 /// containerd's GC references from a manifest to its config and layers.
