@@ -262,7 +262,7 @@ async fn main() {
             peaks.push(peak_rss_mib(crius.pid().as_raw()));
             if std::env::var_os("CRIUS_BENCH_PULL_VERBOSE").is_some() {
                 (crius.log().lines())
-                    .filter(|l| l.contains("layer") || l.contains("pull"))
+                    .filter(|l| l.contains("layer") || l.contains("pull") || l.contains("blob"))
                     .for_each(|l| eprintln!("{l}"));
             }
             drop(client);

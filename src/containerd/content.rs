@@ -789,6 +789,7 @@ impl ContentWriter {
             size,
             ..
         } = self;
+        let started = std::time::Instant::now();
         let written = match file.open().await {
             Ok(out) => {
                 let mut sink = FileSink { out, error: None };
@@ -800,6 +801,7 @@ impl ContentWriter {
             }
             Err(e) => Err(file.error(e).into()),
         };
+        let copied = started.elapsed();
         // Ending the stream closes containerd's writer and unlocks the ingest.
         drop(tx);
         while let Some(resp) = responses.next().await {
@@ -811,8 +813,18 @@ impl ContentWriter {
             containerd.abort_ingest(&ingest_ref).await;
             return Err(e);
         }
+        let closed = started.elapsed();
         match commit_written(&containerd, &lease, &ingest_ref, &digest, size, labels).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                tracing::debug!(
+                    ingest = %ingest_ref,
+                    copy_ms = copied.as_millis() as u64,
+                    close_ms = (closed - copied).as_millis() as u64,
+                    commit_ms = (started.elapsed() - closed).as_millis() as u64,
+                    "blob written in place and committed"
+                );
+                Ok(())
+            }
             Err(e) => {
                 containerd.abort_ingest(&ingest_ref).await;
                 Err(e.into())

@@ -11,12 +11,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
 use tonic::Code;
 
@@ -628,20 +629,21 @@ impl ImagePuller {
         let snapshot_label = format!("containerd.io/gc.ref.snapshot.{snapshotter}");
         let top_chain = chain.last().cloned().unwrap_or_default();
         let config_labels = HashMap::from([(snapshot_label, top_chain)]);
-        self.put_document(
-            lease,
-            &docs.manifest.config,
-            &docs.config_bytes,
-            config_labels,
-        )
-        .await?;
-        self.put_document(
-            lease,
-            &docs.manifest_desc,
-            &docs.manifest_bytes,
-            manifest_gc_labels(&docs.manifest),
-        )
-        .await?;
+        // Under the pull's lease, in any order.
+        futures::try_join!(
+            self.put_document(
+                lease,
+                &docs.manifest.config,
+                &docs.config_bytes,
+                config_labels,
+            ),
+            self.put_document(
+                lease,
+                &docs.manifest_desc,
+                &docs.manifest_bytes,
+                manifest_gc_labels(&docs.manifest),
+            ),
+        )?;
         if let Some((index_desc, index_bytes, index)) = &docs.index {
             self.put_document(lease, index_desc, index_bytes, index_gc_labels(index))
                 .await?;
@@ -661,11 +663,12 @@ impl ImagePuller {
         // back.
         let _names = self.images.lock_names(names.iter().cloned()).await;
         let read = self.images.read_generation();
-        for name in &names {
+        let target = to_containerd(&docs.top);
+        futures::future::try_join_all((names.iter()).map(|name| {
             self.containerd
-                .put_image(name, to_containerd(&docs.top), labels.clone())
-                .await?;
-        }
+                .put_image(name, target.clone(), labels.clone())
+        }))
+        .await?;
         let image = ImageDocuments {
             target_size: docs.top.size,
             manifest_size: docs.index.as_ref().map(|_| docs.manifest_desc.size),
@@ -804,11 +807,11 @@ impl ImagePuller {
                 };
                 let semaphore = Arc::clone(&semaphore);
                 AbortOnDropHandle::new(tokio::spawn(async move {
-                    let _permit = semaphore
+                    let slot = semaphore
                         .acquire_owned()
                         .await
                         .map_err(|_| PullError::Internal("download limiter closed".to_string()))?;
-                    download.run().await
+                    download.run(slot).await
                 }))
             })
             .collect()
@@ -1047,7 +1050,9 @@ struct LayerDownload {
 }
 
 impl LayerDownload {
-    async fn run(self) -> Result<(), PullError> {
+    /// Downloads the layer, holding a download `slot` until the registry has sent it all
+    /// (not while containerd commits it: the next layer's download starts meanwhile).
+    async fn run(self, slot: OwnedSemaphorePermit) -> Result<(), PullError> {
         let digest = &self.layer.digest;
         let ingest = format!("crius-layer-{digest}");
         let labels = HashMap::from([(
@@ -1083,6 +1088,11 @@ impl LayerDownload {
                 }
             };
             let progress = Arc::clone(&self.progress);
+            let mut slot = Some(slot);
+            let stream = stream.chain(futures::stream::poll_fn(move |_| {
+                slot.take();
+                Poll::Ready(None)
+            }));
             return writer
                 .write_all(stream.boxed(), labels, move |n| progress.add_bytes(n))
                 .await
