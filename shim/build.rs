@@ -45,10 +45,10 @@ fn main() {
     exec_helper_build_id();
 }
 
-/// The exec helper's sources besides `src/direct_exec/` (all of which counts): the shim and
+/// The exec helper's sources besides `src/runtime/direct_exec/` (all of which counts): the shim and
 /// `crius-exec-helper` are built from them together.
-const EXEC_HELPER_SOURCES: &[&str] = &["src/caps.rs", "src/exec_helper.rs"];
-const EXEC_HELPER_DIR: &str = "src/direct_exec";
+const EXEC_HELPER_SOURCES: &[&str] = &["src/runtime/caps.rs", "src/exec_helper.rs"];
+const EXEC_HELPER_DIR: &str = "src/runtime/direct_exec";
 
 /// A digest of the exec helper's sources and the package version (FNV-1a, 64 bits), as
 /// `CRIUS_EXEC_HELPER_BUILD`: a helper binary of another build than the shim that runs it

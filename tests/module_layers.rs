@@ -1,6 +1,6 @@
 //! The modules of each crate depend one way: no top-level module of `src/` or `shim/src/`
-//! reaches, through `crate::` paths, a module that reaches it back, and only the binary
-//! reaches the transport (`server`). Read from the source, so a new import that closes a
+//! reaches, through `crate::` paths, a module that reaches it back, only the binary
+//! reaches the transport (`server`), and the shim's folders import only the ones below. Read from the source, so a new import that closes a
 //! circle fails here rather than in review.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -167,13 +167,36 @@ fn the_daemon_modules_import_no_circle() {
 #[test]
 fn the_shim_modules_import_no_circle() {
     let graph = module_graph(&crate_root("shim/src"));
-    assert!(graph.len() > 10, "too few modules read: {graph:?}");
+    assert!(graph.len() >= 4, "too few modules read: {graph:?}");
     let found = circles(&graph);
     assert!(
         found.is_empty(),
         "import circles in shim/src/:\n{}",
         found.join("\n")
     );
+}
+
+/// The shim's folders stack: the entry points on the services and their state (`task`), on
+/// the pod, on errors, on running processes (`runtime`); each imports only those below it.
+#[test]
+fn the_shim_groups_import_only_the_ones_below() {
+    const ORDER: [&str; 5] = ["entry", "task", "pod", "error", "runtime"];
+    let rank = |m: &str| ORDER.iter().position(|o| *o == m);
+    let graph = module_graph(&crate_root("shim/src"));
+    for group in ORDER {
+        let seen = graph.contains_key(group) || graph.values().any(|e| e.contains_key(group));
+        assert!(seen, "no {group} in {graph:?}");
+    }
+    let upward: Vec<String> = graph
+        .iter()
+        .flat_map(|(from, edges)| edges.iter().map(move |(to, file)| (from, to, file)))
+        .filter(|(from, to, _)| match (rank(from), rank(to)) {
+            (Some(f), Some(t)) => t <= f,
+            _ => false,
+        })
+        .map(|(from, to, file)| format!("{from} -> {to} ({file})"))
+        .collect();
+    assert!(upward.is_empty(), "shim imports upward: {upward:?}");
 }
 
 #[test]

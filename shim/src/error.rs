@@ -3,7 +3,7 @@
 
 use containerd_shim_protos::ttrpc::{self, Code};
 
-use crate::runc::RuncError;
+use crate::runtime::runc::RuncError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {

@@ -3,19 +3,21 @@
 //! `direct_exec/seal.rs`); this one is a fraction of the shim's size, so that copy costs
 //! little. Installed beside the shim; without it the shim copies itself.
 //!
-//! The modules are the shim's own (`caps.rs` and the helper's part of `direct_exec/`),
+//! The modules are the shim's own (`runtime/caps.rs` and the helper's part of `runtime/direct_exec/`),
 //! built into this binary as well.
 
-mod caps;
-mod direct_exec {
-    mod cgroups;
-    mod child;
-    pub mod helper;
-    mod lookup;
-    mod spec;
+mod runtime {
+    pub mod caps;
+    pub mod direct_exec {
+        mod cgroups;
+        mod child;
+        pub mod helper;
+        mod lookup;
+        mod spec;
+    }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    direct_exec::helper::run(&args)
+    runtime::direct_exec::helper::run(&args)
 }

@@ -18,11 +18,11 @@ use containerd_shim_protos::shim_async::Task;
 use containerd_shim_protos::ttrpc;
 use containerd_shim_protos::ttrpc::r#async::TtrpcContext;
 
-use crate::create::CreateRequest;
 use crate::error::ShimError;
-use crate::runc::{CheckpointFlags, RuncOptions};
-use crate::shim::{Shim, timestamp};
-use crate::stdio::StdioPaths;
+use crate::runtime::runc::{CheckpointFlags, RuncOptions};
+use crate::task::create::CreateRequest;
+use crate::task::shim::{Shim, timestamp};
+use crate::task::stdio::StdioPaths;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -344,7 +344,7 @@ impl Task for TaskService {
             let cgroup = container.cgroup.as_ref().ok_or_else(|| {
                 ShimError::FailedPrecondition(format!("container {} has no cgroup", req.id))
             })?;
-            let stats = crate::stats::collect(cgroup)?;
+            let stats = crate::task::stats::collect(cgroup)?;
             Ok(StatsResponse {
                 stats: Some(stats).into(),
                 ..Default::default()

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 
-use crate::reaper::Reaper;
+use crate::runtime::reaper::Reaper;
 
 /// At most this much of a command's output is kept (`runc ps` of a big container is the
 /// largest).
@@ -197,7 +197,7 @@ impl Runc {
         poststart_hooks: bool,
     ) -> Result<(), RuncError> {
         if self.is_runc() && !poststart_hooks && std::env::var_os("NOTIFY_SOCKET").is_none() {
-            match crate::exec_fifo::start(&self.root.join(id), init_pid).await {
+            match crate::runtime::exec_fifo::start(&self.root.join(id), init_pid).await {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => {

@@ -22,7 +22,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
 use crate::error::ShimError;
-use crate::runc::ProcessStdio;
+use crate::runtime::runc::ProcessStdio;
 
 const COPY_BUFFER: usize = 32 * 1024;
 

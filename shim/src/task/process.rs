@@ -7,14 +7,8 @@ use std::time::SystemTime;
 use containerd_shim_protos::api::Status;
 use tokio::sync::watch;
 
-use crate::stdio::{ProcessIo, StdioPaths};
-
-/// How a process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exit {
-    pub status: u32,
-    pub at: SystemTime,
-}
+use crate::runtime::reaper::Exit;
+use crate::task::stdio::{ProcessIo, StdioPaths};
 
 pub struct Process {
     pub container_id: String,

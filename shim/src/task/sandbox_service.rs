@@ -17,7 +17,7 @@ use crate::protos::metrics::Metric;
 use crate::protos::platform::Platform;
 use crate::protos::sandbox::*;
 use crate::protos::sandbox_ttrpc::Sandbox;
-use crate::shim::{Shim, timestamp};
+use crate::task::shim::{Shim, timestamp};
 
 /// How long StopSandbox waits for the holder when containerd names no timeout.
 const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,7 +33,7 @@ async fn logged<T>(
     id: &str,
     call: impl std::future::Future<Output = Result<T, ShimError>>,
 ) -> Answer<T> {
-    crate::service::logged_at(log::Level::Info, method, id, call).await
+    crate::task::service::logged_at(log::Level::Info, method, id, call).await
 }
 
 fn optional_timestamp(at: Option<std::time::SystemTime>) -> Option<Timestamp> {
@@ -96,10 +96,11 @@ impl SandboxService {
         if pod.pid() == 0 {
             let starting = self.0.begin_starting();
             let namespaces = pod.namespaces().clone();
-            let pid =
-                tokio::task::spawn_blocking(move || crate::holder::spawn(&namespaces, Vec::new()))
-                    .await
-                    .map_err(|e| ShimError::Internal(format!("start pod: {e}")))??;
+            let pid = tokio::task::spawn_blocking(move || {
+                crate::pod::holder::spawn(&namespaces, Vec::new())
+            })
+            .await
+            .map_err(|e| ShimError::Internal(format!("start pod: {e}")))??;
             pod.started(pid);
             pod.join_cgroup(pid);
             if let Some(exit) = self.0.take_early_exit(&starting, pid) {
@@ -150,7 +151,7 @@ impl SandboxService {
         Ok(Metric {
             timestamp: Some(timestamp(std::time::SystemTime::now())).into(),
             id: id.to_string(),
-            data: Some(crate::stats::collect(&group)?).into(),
+            data: Some(crate::task::stats::collect(&group)?).into(),
             ..Default::default()
         })
     }

@@ -5,13 +5,13 @@ use std::time::{Duration, SystemTime};
 use containerd_shim_protos::api::Status;
 use containerd_shim_protos::events::task::{TaskCheckpointed, TaskDelete, TaskPaused, TaskResumed};
 
-use crate::container::Container;
-use crate::create::unmount_rootfs;
 use crate::error::ShimError;
-use crate::events::topic;
-use crate::process::Exit;
-use crate::runc::{CheckpointFlags, RuncError};
-use crate::shim::{Shim, timestamp};
+use crate::runtime::reaper::Exit;
+use crate::runtime::runc::{CheckpointFlags, RuncError};
+use crate::task::container::Container;
+use crate::task::create::unmount_rootfs;
+use crate::task::events::topic;
+use crate::task::shim::{Shim, timestamp};
 
 /// The highest signal number Linux has (SIGRTMAX).
 const MAX_SIGNAL: u32 = 64;
@@ -298,7 +298,7 @@ fn signal_running_init(
     }
     let pidfd = container.init_pidfd.get()?;
     let signal = i32::try_from(signal).ok()?;
-    match crate::pidfd::send_signal(pidfd, signal) {
+    match crate::runtime::pidfd::send_signal(pidfd, signal) {
         Ok(()) => Some(Ok(())),
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
             Some(Err(ShimError::NotFound("process already finished".into())))
@@ -333,11 +333,12 @@ async fn remove_held_cgroup(container: &Container) {
         return;
     };
     let path = cgroup.path().to_string();
-    let _ = tokio::task::spawn_blocking(move || crate::held::remove_cgroup(&cgroup, &path)).await;
+    let _ =
+        tokio::task::spawn_blocking(move || crate::pod::held::remove_cgroup(&cgroup, &path)).await;
 }
 
 /// The exit of a process just killed, or a kill's status when it does not come in 2 s.
-async fn wait_briefly(process: &crate::process::Process) -> Exit {
+async fn wait_briefly(process: &crate::task::process::Process) -> Exit {
     tokio::time::timeout(Duration::from_secs(2), process.wait())
         .await
         .unwrap_or(Exit {

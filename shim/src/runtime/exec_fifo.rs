@@ -49,7 +49,7 @@ pub async fn start(state_dir: &Path, init_pid: i32) -> Result<bool, ExecFifoErro
         }
         Err(e) => return Err(e),
     };
-    let Ok(init) = crate::pidfd::open(init_pid) else {
+    let Ok(init) = crate::runtime::pidfd::open(init_pid) else {
         return Ok(false);
     };
     // SAFETY: the File and the OwnedFd own their descriptors, which stay open and the

@@ -11,6 +11,13 @@ use std::time::SystemTime;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot};
 
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub status: u32,
+    pub at: SystemTime,
+}
+
 /// A reaped process that was not a command the shim ran itself.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcessExit {
@@ -148,7 +155,7 @@ mod tests {
             .spawn(Command::new("sleep").arg("30"))
             .expect("spawn sleep");
         let limit = Some(std::time::Duration::from_millis(200));
-        let err = crate::runc::within_limit("kill", limit, pid, &mut status, async {})
+        let err = crate::runtime::runc::within_limit("kill", limit, pid, &mut status, async {})
             .await
             .expect_err("sleep 30 within 200 ms");
         assert!(err.to_string().contains("was killed"), "{err}");
@@ -157,7 +164,7 @@ mod tests {
             .expect("the killed command was reaped")
             .expect("status");
         assert_eq!(code, 128 + 9);
-        assert!(crate::runc::time_limit("checkpoint").is_none());
-        assert!(crate::runc::time_limit("create").is_some());
+        assert!(crate::runtime::runc::time_limit("checkpoint").is_none());
+        assert!(crate::runtime::runc::time_limit("create").is_some());
     }
 }

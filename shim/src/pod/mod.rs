@@ -2,6 +2,10 @@
 //! config, its holder process (see `holder.rs`), the files its containers share
 //! (`hostname`, `hosts`, `resolv.conf`, a sized `/dev/shm`) and its exit.
 
+pub mod cgroup_leaf;
+pub mod held;
+pub mod holder;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -12,9 +16,9 @@ use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use tokio::sync::watch;
 
 use crate::error::ShimError;
-use crate::holder::Namespaces;
-use crate::process::Exit;
+use crate::pod::holder::Namespaces;
 use crate::protos::pod_config::{IDMapping, NamespaceMode, NamespaceOption, PodSandboxConfig};
+use crate::runtime::reaper::Exit;
 
 /// The type containerd's CRI gives the pod config it passes as CreateSandbox's options.
 const POD_CONFIG_TYPE: &str = "runtime.v1.PodSandboxConfig";

@@ -9,14 +9,15 @@ use containerd_shim_protos::api::Status;
 use containerd_shim_protos::events::task::{TaskExecAdded, TaskExecStarted, TaskStart};
 use serde::Deserialize;
 
-use crate::container::Container;
-use crate::create::{prepare_stdio, receive_console};
 use crate::error::ShimError;
-use crate::events::topic;
-use crate::process::{Exit, Process};
-use crate::runc::read_pid_file;
-use crate::shim::Shim;
-use crate::stdio::{ProcessIo, StdioPaths};
+use crate::runtime::reaper::Exit;
+use crate::runtime::runc::read_pid_file;
+use crate::task::container::Container;
+use crate::task::create::{prepare_stdio, receive_console};
+use crate::task::events::topic;
+use crate::task::process::Process;
+use crate::task::shim::Shim;
+use crate::task::stdio::{ProcessIo, StdioPaths};
 
 impl Shim {
     pub async fn start(&self, id: &str, exec_id: &str) -> Result<i32, ShimError> {
@@ -189,7 +190,7 @@ impl Shim {
         let goes_to_runc = |e: &dyn std::fmt::Display| {
             log::warn!("exec in {} goes to runc: {e}", container.id);
         };
-        let prepared = match crate::direct_exec::prepare(target).await {
+        let prepared = match crate::runtime::direct_exec::prepare(target).await {
             Ok(prepared) => prepared,
             Err(e) => {
                 goes_to_runc(&e);
@@ -197,7 +198,7 @@ impl Shim {
             }
         };
         let (process_stdio, io, _) = prepare_stdio(&process.stdio)?;
-        let ran = crate::direct_exec::exec(
+        let ran = crate::runtime::direct_exec::exec(
             &self.reaper,
             &container.runc,
             &container.id,
@@ -209,7 +210,7 @@ impl Shim {
         .await;
         match ran {
             Ok(()) => Ok(Some(io)),
-            Err(e) if crate::direct_exec::declined(&e) => {
+            Err(e) if crate::runtime::direct_exec::declined(&e) => {
                 goes_to_runc(&e);
                 Ok(None)
             }
@@ -245,7 +246,7 @@ impl Shim {
         let direct = container.exec_target.get().is_some_and(|target| {
             let mut completed = spec.clone();
             target.defaults.apply(&mut completed);
-            let fits = crate::direct_exec::spec::ExecProcess::deserialize(&completed)
+            let fits = crate::runtime::direct_exec::spec::ExecProcess::deserialize(&completed)
                 .is_ok_and(|p| p.needs_runc().is_none());
             if fits {
                 spec = completed;

@@ -8,7 +8,7 @@
 //! without a spec: then the shim answers in the bootstrap JSON as version 3, so containerd
 //! sends the pod's containers to this shim's task v3 service instead of starting a shim
 //! per container (only containerd 2.x starts a shim without a spec). containerd 2.3 sends
-//! its bootstrap params on stdin and gets a `BootstrapResult` back (see [`crate::bootstrap`]);
+//! its bootstrap params on stdin and gets a `BootstrapResult` back (see [`crate::entry::bootstrap`]);
 //! older ones send the runtime options there.
 
 use std::io::{Read, Write};
@@ -23,9 +23,9 @@ use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::shim::oci::Options;
 
-use crate::bootstrap::BootstrapParams;
-use crate::bundle::SANDBOX_ID;
-use crate::bundle_spec::BundleSpec;
+use crate::entry::bootstrap::BootstrapParams;
+use crate::runtime::bundle_spec::BundleSpec;
+use crate::runtime::bundle_spec::SANDBOX_ID;
 
 /// The fd the serving shim finds its listener on.
 const LISTENER_FD: RawFd = 3;
@@ -73,7 +73,7 @@ pub fn run(flags: &Flags) -> ActionResult {
         3
     };
     let answer = match (&params, version) {
-        (Some(_), _) => crate::bootstrap::encode_result(version, &address, "ttrpc"),
+        (Some(_), _) => crate::entry::bootstrap::encode_result(version, &address, "ttrpc"),
         (None, 2) => address.into_bytes(),
         (None, _) => bootstrap_v3(&address).into_bytes(),
     };

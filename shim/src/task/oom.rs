@@ -62,7 +62,7 @@ fn watch_v2(dir: PathBuf, on_oom: impl Fn() + Send + 'static) -> io::Result<Join
     let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
     inotify.add_watch(&events, AddWatchFlags::IN_MODIFY)?;
     let mut kills = oom_kills(&events).unwrap_or(0);
-    let fd = crate::stdio::async_fd(OwnedFd::from(inotify))?;
+    let fd = crate::task::stdio::async_fd(OwnedFd::from(inotify))?;
     Ok(tokio::spawn(async move {
         let mut buf = [0u8; 4096];
         loop {
@@ -121,7 +121,7 @@ fn watch_v1(dir: PathBuf, on_oom: impl Fn() + Send + 'static) -> io::Result<Join
             control.as_fd().as_raw_fd()
         ),
     )?;
-    let fd = crate::stdio::async_fd(OwnedFd::from(eventfd))?;
+    let fd = crate::task::stdio::async_fd(OwnedFd::from(eventfd))?;
     Ok(tokio::spawn(async move {
         // The control file stays open as long as the registration should.
         let _control = control;

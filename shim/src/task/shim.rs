@@ -10,12 +10,13 @@ use containerd_shim_protos::events::task::TaskExit;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 use tokio::sync::{Notify, mpsc};
 
-use crate::container::Container;
 use crate::error::ShimError;
-use crate::events::{Events, topic};
 use crate::pod::Pod;
-use crate::process::{Exit, Process};
-use crate::reaper::{ProcessExit, Reaper};
+use crate::runtime::reaper::Exit;
+use crate::runtime::reaper::{ProcessExit, Reaper};
+use crate::task::container::Container;
+use crate::task::events::{Events, topic};
+use crate::task::process::Process;
 
 pub struct Shim {
     pub namespace: String,

@@ -6,7 +6,8 @@ use containerd_shim_protos::api::Mount;
 
 use crate::error::ShimError;
 use crate::pod::{Pod, SHM};
-use crate::runc::Runc;
+use crate::runtime::bundle_spec::SANDBOX_ID;
+use crate::runtime::runc::Runc;
 
 /// The file in the bundle naming the runtime, for the `delete` action.
 const RUNTIME_FILE: &str = "crius-shim.json";
@@ -54,14 +55,14 @@ fn mount_one(
     target: &Path,
     userns: Option<&Path>,
 ) -> Result<(), ShimError> {
-    let (options, clones) = if crate::idmap::wants_idmap(&m.options) {
+    let (options, clones) = if crate::task::idmap::wants_idmap(&m.options) {
         let userns = userns.ok_or_else(|| {
             ShimError::InvalidArgument(format!(
                 "rootfs {} asks for idmapped layers, but the container's pod has no user namespace",
                 m.source
             ))
         })?;
-        crate::idmap::idmapped_overlay_options(&m.options, userns, &bundle.join("idmap"))?
+        crate::task::idmap::idmapped_overlay_options(&m.options, userns, &bundle.join("idmap"))?
     } else {
         (m.options.clone(), Vec::new())
     };
@@ -71,7 +72,7 @@ fn mount_one(
         &options,
         target,
     );
-    crate::idmap::detach_all(&clones);
+    crate::task::idmap::detach_all(&clones);
     mounted
         .map_err(|e| ShimError::Internal(format!("mount rootfs {} ({}): {e}", m.source, m.type_)))
 }
@@ -86,11 +87,6 @@ pub fn unmount_rootfs(target: &Path) {
         log::warn!("unmount {path}: {e}");
     }
 }
-
-/// The annotation naming a container's pod (containerd's CRI and crius set it).
-pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
-/// `sandbox` on a pod's own spec, `container` on its containers'.
-pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
 /// Gives a container of a pod the shim holds the pod's shared files: containerd's CRI
 /// found no pause sandbox's files to bind, so the spec binds each one it does not mount

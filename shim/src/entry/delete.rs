@@ -11,7 +11,7 @@ use containerd_shim::Flags;
 use containerd_shim_protos::api::DeleteResponse;
 use containerd_shim_protos::protobuf::Message;
 
-use crate::start::ActionResult;
+use crate::entry::start::ActionResult;
 
 pub fn run(flags: &Flags) -> ActionResult {
     let bundle = if flags.bundle.is_empty() {
@@ -19,12 +19,13 @@ pub fn run(flags: &Flags) -> ActionResult {
     } else {
         PathBuf::from(&flags.bundle)
     };
-    if crate::held::is_held_bundle(&bundle) {
-        let pid = crate::held::end_left_holder(&bundle, &flags.id);
+    if crate::pod::held::is_held_bundle(&bundle) {
+        let pid = crate::pod::held::end_left_holder(&bundle, &flags.id);
         return write_killed(pid);
     }
-    let runc = crate::bundle::load_runc(&bundle)
-        .unwrap_or_else(|| crate::runc::runc_for(&Default::default(), &flags.namespace, &bundle));
+    let runc = crate::task::bundle::load_runc(&bundle).unwrap_or_else(|| {
+        crate::runtime::runc::runc_for(&Default::default(), &flags.namespace, &bundle)
+    });
     let status = Command::new(&runc.binary)
         .arg("--root")
         .arg(&runc.root)
@@ -36,8 +37,8 @@ pub fn run(flags: &Flags) -> ActionResult {
     if let Err(e) = status {
         log::warn!("{} delete {}: {e}", runc.binary, flags.id);
     }
-    crate::bundle::unmount_rootfs(&bundle.join("rootfs"));
-    let pid = crate::runc::read_pid_file(&bundle.join("init.pid")).unwrap_or(0);
+    crate::task::bundle::unmount_rootfs(&bundle.join("rootfs"));
+    let pid = crate::runtime::runc::read_pid_file(&bundle.join("init.pid")).unwrap_or(0);
     write_killed(pid)
 }
 
@@ -46,7 +47,7 @@ fn write_killed(pid: i32) -> ActionResult {
     let response = DeleteResponse {
         pid: u32::try_from(pid).unwrap_or(0),
         exit_status: 128 + libc::SIGKILL as u32,
-        exited_at: Some(crate::shim::timestamp(SystemTime::now())).into(),
+        exited_at: Some(crate::task::shim::timestamp(SystemTime::now())).into(),
         ..Default::default()
     };
     std::io::stdout().write_all(&response.write_to_bytes()?)?;

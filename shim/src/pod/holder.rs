@@ -180,7 +180,7 @@ impl Plan {
 /// The holder execs the shim inside an empty root, where no dynamic loader is: a shim
 /// linked dynamically could never hold a pod, so it says so before trying.
 fn refuse_a_dynamic_shim(exe: &std::fs::File, path: &std::path::Path) -> Result<(), ShimError> {
-    match crate::elf::dynamic_loader(exe) {
+    match crate::runtime::elf::dynamic_loader(exe) {
         Ok(Some(loader)) => Err(ShimError::FailedPrecondition(format!(
             "crius's shim {} is linked dynamically (it needs {loader}), but it holds a pod from \
              inside an empty root where no loader is: install the static shim `make shim` \
@@ -350,7 +350,7 @@ unsafe fn shut_in(plan: &Plan) -> Result<(), u8> {
         if cap == 0 || *libc::__errno_location() != libc::EINVAL {
             return Err(10);
         }
-        if crate::caps::capset(0, 0, 0) != 0
+        if crate::runtime::caps::capset(0, 0, 0) != 0
             || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
         {
             return Err(10);
@@ -361,7 +361,7 @@ unsafe fn shut_in(plan: &Plan) -> Result<(), u8> {
 
 /// Starts the holder and returns its pid once it has exec'd; it is born in the cgroup
 /// whose `cgroup.procs` files `cgroup_procs` are (one per hierarchy). The caller must hold
-/// a [`crate::shim::Starting`] so an early exit is kept for it.
+/// a `Starting` of the shim's state so an early exit is kept for it.
 pub fn spawn(namespaces: &Namespaces, cgroup_procs: Vec<OwnedFd>) -> Result<i32, ShimError> {
     let plan = Plan::new(namespaces, cgroup_procs)?;
     let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::task::JoinHandle;
 
-use crate::bundle_spec::SpecFacts;
-use crate::process::Process;
-use crate::runc::Runc;
+use crate::runtime::bundle_spec::SpecFacts;
+use crate::runtime::runc::Runc;
+use crate::task::process::Process;
 
 pub struct Container {
     pub id: String,
@@ -26,7 +26,7 @@ pub struct Container {
     pub held_pod: bool,
     /// What the shim's own exec needs of the container (`direct_exec`); unset: every
     /// exec goes to runc.
-    pub exec_target: std::sync::OnceLock<crate::direct_exec::ExecTarget>,
+    pub exec_target: std::sync::OnceLock<crate::runtime::direct_exec::ExecTarget>,
     /// A pidfd of its init, taken at create: the shim signals a running init itself, as
     /// `runc kill` would, without a runc process; unset: every kill goes to runc.
     pub init_pidfd: std::sync::OnceLock<std::os::fd::OwnedFd>,

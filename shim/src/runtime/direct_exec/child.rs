@@ -224,7 +224,7 @@ fn become_user(process: &ExecProcess) -> Result<(), String> {
 }
 
 fn set_capabilities(caps: CapSets) -> Result<(), String> {
-    if crate::caps::capset(caps.effective, caps.permitted, caps.inheritable) != 0 {
+    if crate::runtime::caps::capset(caps.effective, caps.permitted, caps.inheritable) != 0 {
         return Err(format!("capset: {}", std::io::Error::last_os_error()));
     }
     for cap in (0..64).filter(|cap| caps.ambient & (1 << cap) != 0) {

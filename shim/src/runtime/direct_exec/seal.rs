@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_helper_of_another_build_is_not_copied_again() {
-        let declined = crate::runc::RuncError::Failed {
+        let declined = crate::runtime::runc::RuncError::Failed {
             verb: "exec",
             message: format!(
                 "{}{}",

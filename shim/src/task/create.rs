@@ -8,17 +8,17 @@ use std::time::Duration;
 use containerd_shim_protos::api::Mount;
 use containerd_shim_protos::events::task::{TaskCreate, TaskIO, TaskOOM};
 
-use crate::bundle_spec::{BundleSpec, SpecFacts};
-use crate::container::Container;
-use crate::direct_exec::{ExecDefaults, ExecTarget};
 use crate::error::ShimError;
-use crate::events::topic;
-use crate::held::HeldPod;
 use crate::pod::Pod;
-use crate::process::Process;
-use crate::runc::{ProcessStdio, Runc, RuncOptions, read_pid_file};
-use crate::shim::Shim;
-use crate::stdio::{self, ConsoleSocket, ProcessIo, StdioPaths};
+use crate::pod::held::HeldPod;
+use crate::runtime::bundle_spec::{BundleSpec, SpecFacts};
+use crate::runtime::direct_exec::{ExecDefaults, ExecTarget};
+use crate::runtime::runc::{ProcessStdio, Runc, RuncOptions, read_pid_file};
+use crate::task::container::Container;
+use crate::task::events::topic;
+use crate::task::process::Process;
+use crate::task::shim::Shim;
+use crate::task::stdio::{self, ConsoleSocket, ProcessIo, StdioPaths};
 
 /// How long the shim waits for runc to send a new terminal.
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,7 +51,7 @@ impl Shim {
         if self.has_container(&id) {
             return Err(ShimError::AlreadyExists(format!("container {id}")));
         }
-        let runc = crate::runc::runc_for(&runc, &self.namespace, &bundle);
+        let runc = crate::runtime::runc::runc_for(&runc, &self.namespace, &bundle);
         let spec = read_spec(&bundle).await?;
         if let Some(held) = HeldPod::from_spec(&id, &spec)? {
             return self.create_held(id, bundle, runc, stdio, held, &spec).await;
@@ -75,7 +75,7 @@ impl Shim {
                 if let Some(rootfs) = rootfs {
                     unmount_rootfs(rootfs).await;
                 }
-                crate::cgroup_leaf::remove_empty(&cgroups_path);
+                crate::pod::cgroup_leaf::remove_empty(&cgroups_path);
                 return Err(e);
             }
         };
@@ -98,7 +98,7 @@ impl Shim {
         }
         // An init reaped already: a pidfd may be of a process that took its pid.
         if !container.held_pod && !self.exit_kept(pid) {
-            match crate::pidfd::open(pid) {
+            match crate::runtime::pidfd::open(pid) {
                 Ok(fd) => {
                     let _ = container.init_pidfd.set(fd);
                 }
@@ -152,7 +152,7 @@ impl Shim {
         let console_path = console.as_ref().map(|c| c.path());
         let launched = match checkpoint {
             Some(images) => {
-                let launch = crate::runc::InitLaunch {
+                let launch = crate::runtime::runc::InitLaunch {
                     id,
                     bundle,
                     pid_file: &pid_file,
@@ -244,7 +244,7 @@ impl Shim {
     fn watch_oom(&self, container: &Arc<Container>, pid: i32) {
         let events = self.events.clone();
         let id = container.id.clone();
-        let watch = crate::oom::watch(pid, move || {
+        let watch = crate::task::oom::watch(pid, move || {
             events.publish(
                 topic::OOM,
                 Box::new(TaskOOM {
@@ -276,13 +276,13 @@ async fn prepare_bundle(
     tokio::task::spawn_blocking(move || {
         let mut userns = None;
         if let Some(pod) = pod {
-            crate::bundle::add_pod_files(&bundle, &pod)?;
+            crate::task::bundle::add_pod_files(&bundle, &pod)?;
             userns = pod.userns_path();
         }
-        crate::bundle::save_runc(&bundle, &runc)?;
-        let rootfs = crate::bundle::mount_rootfs(&bundle, &mounts, userns.as_deref())?;
-        let exec_defaults = crate::direct_exec::container_allows(&spec, &runc)
-            .then(|| crate::direct_exec::ExecDefaults::of(&spec));
+        crate::task::bundle::save_runc(&bundle, &runc)?;
+        let rootfs = crate::task::bundle::mount_rootfs(&bundle, &mounts, userns.as_deref())?;
+        let exec_defaults = crate::runtime::direct_exec::container_allows(&spec, &runc)
+            .then(|| crate::runtime::direct_exec::ExecDefaults::of(&spec));
         Ok((spec.facts(), rootfs, exec_defaults))
     })
     .await
@@ -317,7 +317,7 @@ async fn read_spec(bundle: &Path) -> Result<BundleSpec, ShimError> {
 }
 
 pub async fn unmount_rootfs(rootfs: PathBuf) {
-    let _ = tokio::task::spawn_blocking(move || crate::bundle::unmount_rootfs(&rootfs)).await;
+    let _ = tokio::task::spawn_blocking(move || crate::task::bundle::unmount_rootfs(&rootfs)).await;
 }
 
 /// The stdio runc gets: the FIFOs themselves, or a console socket for a terminal.

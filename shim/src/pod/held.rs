@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::bundle::{CONTAINER_TYPE, SANDBOX_ID};
-use crate::bundle_spec::BundleSpec;
 use crate::error::ShimError;
-use crate::holder::Namespaces;
+use crate::pod::holder::Namespaces;
+use crate::runtime::bundle_spec::BundleSpec;
+use crate::runtime::bundle_spec::{CONTAINER_TYPE, SANDBOX_ID};
 
 /// The annotation crius sets on a sandbox spec it wants held (and removes otherwise).
 const HOLDER_ANNOTATION: &str = "io.crius.sandbox-holder";
@@ -118,7 +118,7 @@ impl HeldPod {
     /// Spawns the holder (blocking: call off the async threads) in its cgroup, made first,
     /// and sets its OOM score; returns its pid and cgroup. The record for `shim delete`
     /// names the cgroup before the spawn and the holder after it. The caller holds a
-    /// [`crate::shim::Starting`] so an early exit is kept for it.
+    /// [`crate::task::shim::Starting`] so an early exit is kept for it.
     pub fn spawn(&self, bundle: &Path) -> Result<(i32, Option<cgroups_rs::fs::Cgroup>), ShimError> {
         let mut record = HolderRecord {
             cgroup_path: self.cgroup_path.clone(),
@@ -133,7 +133,7 @@ impl HeldPod {
                 return Err(e);
             }
         };
-        let pid = match crate::holder::spawn(&self.namespaces, procs) {
+        let pid = match crate::pod::holder::spawn(&self.namespaces, procs) {
             Ok(pid) => pid,
             Err(e) => {
                 self.remove(cgroup.as_ref());

@@ -9,13 +9,13 @@ use containerd_shim::Flags;
 use containerd_shim_protos::shim_async::create_task;
 use containerd_shim_protos::ttrpc::r#async::Server;
 
-use crate::events::Events;
+use crate::entry::start::ActionResult;
 use crate::protos::sandbox_ttrpc::create_sandbox;
-use crate::reaper::Reaper;
-use crate::sandbox_service::SandboxService;
-use crate::service::TaskService;
-use crate::shim::Shim;
-use crate::start::ActionResult;
+use crate::runtime::reaper::Reaper;
+use crate::task::events::Events;
+use crate::task::sandbox_service::SandboxService;
+use crate::task::service::TaskService;
+use crate::task::shim::Shim;
 
 const LISTENER_FD: i32 = 3;
 
@@ -113,7 +113,7 @@ async fn serve(flags: &Flags) -> ActionResult {
     // The publisher forwards from a queue of its own.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let _ = std::fs::remove_file(flags.socket.trim_start_matches("unix://"));
-    let _ = tokio::task::spawn_blocking(crate::cgroup_leaf::finish_pending).await;
+    let _ = tokio::task::spawn_blocking(crate::pod::cgroup_leaf::finish_pending).await;
     log::info!("shim exiting: no containers or pod left");
     Ok(())
 }

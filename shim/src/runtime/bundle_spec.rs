@@ -5,6 +5,11 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+/// The annotation naming a container's pod (containerd's CRI and crius set it).
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// `sandbox` on a pod's own spec, `container` on its containers'.
+pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+
 /// The few parts of a bundle's OCI spec the shim reads.
 #[derive(Debug, Default, Deserialize)]
 pub struct BundleSpec {

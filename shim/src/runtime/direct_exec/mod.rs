@@ -18,9 +18,9 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
-use crate::bundle_spec::BundleSpec;
-use crate::reaper::Reaper;
-use crate::runc::{ProcessStdio, Runc, RuncError};
+use crate::runtime::bundle_spec::BundleSpec;
+use crate::runtime::reaper::Reaper;
+use crate::runtime::runc::{ProcessStdio, Runc, RuncError};
 
 /// crius's mark on a container whose handler sends every exec to runc
 /// (`exec_with_runtime`).
@@ -107,7 +107,7 @@ pub struct ExecTarget {
 impl ExecTarget {
     pub fn open(init_pid: i32, defaults: ExecDefaults) -> std::io::Result<Self> {
         Ok(Self {
-            init: crate::pidfd::open(init_pid)?,
+            init: crate::runtime::pidfd::open(init_pid)?,
             defaults,
         })
     }
@@ -202,12 +202,12 @@ mod tests {
 
     #[test]
     fn a_container_of_runc_without_what_only_runc_does_allows_the_shims_exec() {
-        let runc = crate::runc::runc_for(&Default::default(), "k8s.io", Path::new("/b"));
+        let runc = crate::runtime::runc::runc_for(&Default::default(), "k8s.io", Path::new("/b"));
         let spec = |json: &str| -> BundleSpec { serde_json::from_str(json).expect("spec") };
         let plain = spec(r#"{"linux":{"namespaces":[{"type":"pid"},{"type":"mount"}]}}"#);
         assert!(spec_and_runtime_allow(&plain, &runc));
-        let crun = crate::runc::runc_for(
-            &crate::runc::RuncOptions {
+        let crun = crate::runtime::runc::runc_for(
+            &crate::runtime::runc::RuncOptions {
                 binary: "crun".into(),
                 ..Default::default()
             },

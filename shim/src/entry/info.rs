@@ -42,7 +42,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let info = RuntimeInfo {
         name: "io.containerd.crius.v2".to_string(),
         version: MessageField::some(RuntimeVersion {
-            version: crate::service::VERSION.to_string(),
+            version: crate::task::service::VERSION.to_string(),
             ..Default::default()
         }),
         options: options.into(),
