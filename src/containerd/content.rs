@@ -693,15 +693,26 @@ impl ContentWriter {
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::error::Error + 'static,
     {
-        let in_place = if self.size >= IN_PLACE_MIN_SIZE {
+        let file = if self.size >= IN_PLACE_MIN_SIZE {
             IngestFile::find(&self.containerd, &self.ingest_ref).await
         } else {
             None
         };
-        match in_place {
-            Some(file) => {
+        let opened = match file {
+            Some(file) => match file.open().await {
+                Ok(out) => Some((file, out)),
+                // Nothing is read from `data` yet: the stream can still take it all.
+                Err(e) => {
+                    tracing::debug!(ingest = %self.ingest_ref, error = %file.error(e), "cannot write the blob in place; sending it");
+                    None
+                }
+            },
+            None => None,
+        };
+        match opened {
+            Some((file, out)) => {
                 tracing::debug!(ingest = %self.ingest_ref, path = %file.data.display(), "writing the blob in place");
-                self.write_in_place(file, data, labels, progress).await
+                self.write_in_place(file, out, data, labels, progress).await
             }
             None => self.write_streamed(data, labels, progress).await,
         }
@@ -771,6 +782,7 @@ impl ContentWriter {
     async fn write_in_place<S, E>(
         self,
         file: IngestFile,
+        out: tokio::fs::File,
         data: S,
         labels: HashMap<String, String>,
         progress: impl Fn(usize),
@@ -790,15 +802,10 @@ impl ContentWriter {
             ..
         } = self;
         let started = std::time::Instant::now();
-        let written = match file.open().await {
-            Ok(out) => {
-                let mut sink = FileSink { out, error: None };
-                let sent = copy_blob(data, &mut sink, size, progress).await;
-                match sink.finish().await {
-                    Ok(()) => sent.check(&digest, size),
-                    Err(e) => Err(file.error(e).into()),
-                }
-            }
+        let mut sink = FileSink { out, error: None };
+        let sent = copy_blob(data, &mut sink, size, progress).await;
+        let written = match sink.finish().await {
+            Ok(()) => sent.check(&digest, size),
             Err(e) => Err(file.error(e).into()),
         };
         let copied = started.elapsed();

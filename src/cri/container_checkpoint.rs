@@ -39,7 +39,7 @@ impl CriService {
             )));
         }
         let container = self.require_container(&req.container_id)?;
-        if let Err(reason) = &self.criu {
+        if let Err(reason) = &self.host.criu {
             return Err(Status::failed_precondition(format!(
                 "containers cannot be checkpointed on this host: {reason}"
             )));

@@ -64,7 +64,8 @@ impl CriService {
         } else {
             handler
         };
-        self.handler_features
+        self.host
+            .handler_features
             .get(handler)
             .is_some_and(|f| f.idmap_mounts)
     }
@@ -81,6 +82,7 @@ impl CriService {
             handler
         };
         let features = self
+            .host
             .handler_features
             .get(handler)
             .copied()
@@ -204,7 +206,7 @@ impl CriService {
         super::validate::container_config(&config)?;
         super::validate::unified_resources(
             config.linux.as_ref().and_then(|l| l.resources.as_ref()),
-            self.cgroups.as_ref(),
+            self.host.cgroups.as_ref(),
         )?;
         check_log_path(&config.log_path)?;
         Ok((config, image_text, restore_from))

@@ -34,7 +34,7 @@ impl CriService {
         if !archive.is_absolute() || !archive.is_file() {
             return Ok((image.to_string(), None));
         }
-        if let Err(reason) = &self.criu {
+        if let Err(reason) = &self.host.criu {
             return Err(Status::failed_precondition(format!(
                 "{image} is a checkpoint archive, but containers cannot be restored on this \
                  host: {reason}"

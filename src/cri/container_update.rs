@@ -33,7 +33,7 @@ impl CriService {
         }
         let new_resources = linux_resources(Some(&linux))
             .map_err(|e| Status::invalid_argument(format!("invalid resources: {e}")))?;
-        super::validate::unified_resources(Some(&linux), self.cgroups.as_ref())?;
+        super::validate::unified_resources(Some(&linux), self.host.cgroups.as_ref())?;
 
         // The spec and crius's metadata change in one update of the record, before the
         // task's, and both go back if the task refuses (as containerd's CRI puts its spec

@@ -56,7 +56,7 @@ impl CriService {
     ) -> Result<(), Status> {
         let has_pod_cgroup =
             (metadata.config.linux.as_ref()).is_some_and(|l| !l.cgroup_parent.is_empty());
-        let Some(layout) = self.cgroups.clone().filter(|_| has_pod_cgroup) else {
+        let Some(layout) = self.host.cgroups.clone().filter(|_| has_pod_cgroup) else {
             return Ok(());
         };
         let pod_cgroup: PathBuf = parent_of(&metadata.cgroups_path);

@@ -54,33 +54,14 @@ pub struct ServiceState {
     pub container_names: NameRegistrar,
     /// The sandbox image: the configured one, or the built-in pause image.
     pub sandbox_image: String,
-    /// The lowest OOM score adjustment crius may give; `None` when it may lower freely.
-    pub oom_score_floor: Option<i32>,
     /// Image names that RemoveImage of another name never takes away (the sandbox image).
     pub pinned_images: std::collections::HashSet<String>,
     /// The pod CIDR kubelet last sent with UpdateRuntimeConfig.
     pub pod_cidr: std::sync::Mutex<String>,
-    /// Where cgroups are mounted; `None` when this host shows none.
-    pub cgroups: Option<crate::stats::CgroupLayout>,
-    /// The previous CPU sample of each container and pod, for CPU rates.
-    pub cpu_rates: crate::stats::CpuRates,
-    /// The background CPU samples of each running container and pod cgroup.
-    pub sampled_cpu: crate::stats::CpuRates,
-    /// Cgroup usage as last read, reused for a second.
-    pub cgroup_samples: Arc<crate::stats::CgroupSamples>,
-    /// Pods' network counters as last read, reused for a second.
-    pub network_samples: Arc<crate::stats::NetworkSamples>,
-    /// Writable-layer usage, measured every stats collect period.
-    pub layer_usages: crate::stats::LayerUsages,
-    /// What each runtime handler's OCI runtime can do, probed at start-up.
-    pub handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
-    /// Whether this host can idmap mounts for pods in their own user namespace; why not.
-    pub host_idmap: Result<(), String>,
-    /// How pods in their own user namespace get their rootfs (`Idmap` or `Copy`); why such
-    /// pods cannot run here.
-    pub userns_rootfs: Result<crate::config::UsernsRootfs, String>,
-    /// Whether CRIU can checkpoint containers here (`criu check` at start-up); why not.
-    pub criu: Result<(), String>,
+    /// What this host can do, probed once at start-up.
+    pub host: HostFacts,
+    /// What the stats RPCs and the background sampler keep between calls.
+    pub stats: StatsCaches,
     /// Container and sandbox lifecycle events for `GetContainerEvents`.
     pub container_events:
         tokio::sync::broadcast::Sender<std::sync::Arc<crate::api::v1::ContainerEventResponse>>,
@@ -102,13 +83,35 @@ pub struct ServiceState {
 }
 
 /// What this host can do, probed once at start-up.
-struct HostFacts {
-    oom_score_floor: Option<i32>,
-    cgroups: Option<crate::stats::CgroupLayout>,
-    idmap: Result<(), String>,
-    userns_rootfs: Result<crate::config::UsernsRootfs, String>,
-    criu: Result<(), String>,
-    handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
+pub struct HostFacts {
+    /// The lowest OOM score adjustment crius may give; `None` when it may lower freely.
+    pub oom_score_floor: Option<i32>,
+    /// Where cgroups are mounted; `None` when this host shows none.
+    pub cgroups: Option<crate::stats::CgroupLayout>,
+    /// Whether this host can idmap mounts for pods in their own user namespace; why not.
+    pub idmap: Result<(), String>,
+    /// How pods in their own user namespace get their rootfs (`Idmap` or `Copy`); why such
+    /// pods cannot run here.
+    pub userns_rootfs: Result<crate::config::UsernsRootfs, String>,
+    /// Whether CRIU can checkpoint containers here (`criu check` at start-up); why not.
+    pub criu: Result<(), String>,
+    /// What each runtime handler's OCI runtime can do.
+    pub handler_features: std::collections::BTreeMap<String, crate::oci::features::HandlerFeatures>,
+}
+
+/// What the stats RPCs and the background sampler keep between calls.
+#[derive(Default)]
+pub struct StatsCaches {
+    /// The previous CPU sample of each container and pod, for CPU rates.
+    pub cpu_rates: crate::stats::CpuRates,
+    /// The background CPU samples of each running container and pod cgroup.
+    pub sampled_cpu: crate::stats::CpuRates,
+    /// Cgroup usage as last read, reused for a second.
+    pub cgroup_samples: Arc<crate::stats::CgroupSamples>,
+    /// Pods' network counters as last read, reused for a second.
+    pub network_samples: Arc<crate::stats::NetworkSamples>,
+    /// Writable-layer usage, measured every stats collect period.
+    pub layer_usages: crate::stats::LayerUsages,
 }
 
 impl HostFacts {
@@ -238,20 +241,11 @@ impl CriService {
             containers: Arc::new(ContainerStore::new()),
             container_names: NameRegistrar::new(),
             sandbox_image,
-            oom_score_floor: host.oom_score_floor,
             pinned_images,
             pod_cidr: std::sync::Mutex::new(String::new()),
             stream_requests,
-            cgroups: host.cgroups,
-            cpu_rates: Default::default(),
-            sampled_cpu: Default::default(),
-            cgroup_samples: Default::default(),
-            network_samples: Default::default(),
-            layer_usages: Default::default(),
-            handler_features: host.handler_features,
-            host_idmap: host.idmap,
-            userns_rootfs: host.userns_rootfs,
-            criu: host.criu,
+            host,
+            stats: StatsCaches::default(),
             container_events: tokio::sync::broadcast::channel(crate::cri::CONTAINER_EVENT_BUFFER).0,
             stream_endpoint: std::sync::OnceLock::new(),
             account_files: Default::default(),
@@ -299,7 +293,7 @@ impl CriService {
 impl ServiceState {
     /// `adj` raised to the floor crius must respect, when there is one.
     pub fn clamp_oom_score_adj(&self, adj: i32) -> i32 {
-        match self.oom_score_floor {
+        match self.host.oom_score_floor {
             Some(floor) if adj < floor => floor,
             _ => adj,
         }

@@ -217,10 +217,10 @@ impl CriService {
     /// older than half a second are read again in the background), the others read now,
     /// off the async threads.
     async fn read_cgroups(&self, paths: Vec<Option<String>>) -> Vec<Option<CgroupUsage>> {
-        let Some(layout) = self.cgroups.clone() else {
+        let Some(layout) = self.host.cgroups.clone() else {
             return paths.iter().map(|_| None).collect();
         };
-        read_through(&self.cgroup_samples, paths, move |path: &String| {
+        read_through(&self.stats.cgroup_samples, paths, move |path: &String| {
             CgroupUsage {
                 sampled_at_ns: unix_nanos(SystemTime::now()),
                 ..layout.read(path)
@@ -236,9 +236,11 @@ impl CriService {
             .into_iter()
             .map(|pid| (pid != 0).then_some(pid))
             .collect();
-        read_through(&self.network_samples, keys, |pid: &u32| NetworkSample {
-            at_ns: unix_nanos(SystemTime::now()),
-            interfaces: read_interfaces(*pid).unwrap_or_default(),
+        read_through(&self.stats.network_samples, keys, |pid: &u32| {
+            NetworkSample {
+                at_ns: unix_nanos(SystemTime::now()),
+                interfaces: read_interfaces(*pid).unwrap_or_default(),
+            }
         })
         .await
         .into_iter()
@@ -269,6 +271,7 @@ impl CriService {
             cpu: usage.and_then(|u| self.cpu_usage(&metadata.id, u, now)),
             memory: usage.and_then(|u| cgroup_memory_usage(u, now)),
             writable_layer: self
+                .stats
                 .layer_usages
                 .get(&metadata.id)
                 .map(|layer| self.filesystem_usage(layer)),
@@ -287,9 +290,10 @@ impl CriService {
             // The rate over the last background period, as containerd 2.3 reports it;
             // without one yet, the rate since the previous stats call.
             usage_nano_cores: self
+                .stats
                 .sampled_cpu
                 .latest(id)
-                .or_else(|| self.cpu_rates.sample(id, now, total))
+                .or_else(|| self.stats.cpu_rates.sample(id, now, total))
                 .map(|v| UInt64Value { value: v }),
             psi: usage.cpu_pressure.as_ref().map(psi_stats),
         })
@@ -423,7 +427,7 @@ impl CriService {
     }
 
     async fn sample_cpu(&self) {
-        let Some(layout) = self.cgroups.clone() else {
+        let Some(layout) = self.host.cgroups.clone() else {
             return;
         };
         let containers = self
@@ -458,9 +462,9 @@ impl CriService {
         };
         let live: HashSet<String> = samples.iter().map(|(id, _, _)| id.clone()).collect();
         for (id, at, usage) in samples {
-            self.sampled_cpu.sample(&id, at, usage);
+            self.stats.sampled_cpu.sample(&id, at, usage);
         }
-        self.sampled_cpu.retain(&live);
+        self.stats.sampled_cpu.retain(&live);
     }
 
     /// Every stats collect period, measures each container's writable layer.
@@ -485,7 +489,7 @@ impl CriService {
             let id = container.id();
             let snapshotter = self.snapshotter_of(&container.metadata.snapshotter);
             match self.containerd.snapshot_usage(snapshotter, id).await {
-                Ok(Some((bytes, inodes))) => self.layer_usages.set(
+                Ok(Some((bytes, inodes))) => self.stats.layer_usages.set(
                     id,
                     LayerUsage {
                         at_ns: unix_nanos(SystemTime::now()),
@@ -499,8 +503,8 @@ impl CriService {
                 }
             }
         }
-        self.layer_usages.retain(&live);
-        self.cpu_rates.retain(&live);
+        self.stats.layer_usages.retain(&live);
+        self.stats.cpu_rates.retain(&live);
     }
 }
 

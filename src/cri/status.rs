@@ -54,7 +54,7 @@ impl CriService {
                 supplemental_groups_policy: true,
                 // The host's /sys is bound for them (no sysfs mount in a user namespace
                 // that does not own the network).
-                user_namespaces_host_network: self.userns_rootfs.is_ok(),
+                user_namespaces_host_network: self.host.userns_rootfs.is_ok(),
             }),
         })
     }
@@ -97,6 +97,7 @@ impl CriService {
                     &name
                 };
                 let probed = self
+                    .host
                     .handler_features
                     .get(handler)
                     .copied()

@@ -53,6 +53,7 @@ impl CriService {
             handler
         };
         let supported = self
+            .host
             .handler_features
             .get(name)
             .is_some_and(|f| f.user_namespaces);
@@ -60,7 +61,8 @@ impl CriService {
             return Err(Status::failed_precondition(format!(
                 "runtime handler {name:?} cannot run pods in their own user namespace on this \
                  host: {}",
-                self.userns_rootfs
+                self.host
+                    .userns_rootfs
                     .as_ref()
                     .err()
                     .map(String::as_str)
@@ -83,7 +85,7 @@ impl CriService {
     /// Whether a new pod in its own user namespace gets remapped copies for its rootfs
     /// (else idmapped mounts).
     pub(crate) fn new_pods_copy_rootfs(&self) -> bool {
-        self.userns_rootfs == Ok(crate::config::UsernsRootfs::Copy)
+        self.host.userns_rootfs == Ok(crate::config::UsernsRootfs::Copy)
     }
 
     /// The user namespace of a sandbox that has its own.
@@ -324,11 +326,11 @@ impl CriService {
                 mount.container_path
             )));
         }
-        if runtime_idmaps && self.host_idmap.is_ok() {
+        if runtime_idmaps && self.host.idmap.is_ok() {
             return Ok(None);
         }
         let mut config = config.clone();
-        if self.host_idmap.is_err() {
+        if self.host.idmap.is_err() {
             // Remapped copies on a host without idmapped mounts: volumes are bound as they
             // are (owned as on the host).
             for mount in config.mounts.iter_mut() {
