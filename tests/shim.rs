@@ -606,15 +606,15 @@ async fn a_hung_shim_blocks_no_other_pod() {
 }
 
 /// A runc named `runc` (the shim starts containers and runs execs itself only for runc)
-/// that logs the verbs it is asked for to `<dir>/verbs`, and crius with it as the
+/// that logs the verbs it is asked for to `<dir>/verbs` (`kill --all` as `kill-all`), and crius with it as the
 /// "counted" runtime handler (and as "counted-exec", whose execs all go to runc).
 async fn crius_with_counting_runc(dir: &std::path::Path) -> Crius {
     let runc = dir.join("runc");
     std::fs::write(
         &runc,
         format!(
-            "#!/bin/sh\nfor a in \"$@\"; do case $a in create|start|exec|delete|kill) echo $a >> {}; break;; esac; done\nexec /usr/sbin/runc \"$@\"\n",
-            dir.join("verbs").display()
+            "#!/bin/sh\nfor a in \"$@\"; do case $a in kill) case \" $* \" in *\" --all \"*) echo kill-all;; *) echo kill;; esac >> {verbs}; break;; create|start|exec|delete) echo $a >> {verbs}; break;; esac; done\nexec /usr/sbin/runc \"$@\"\n",
+            verbs = dir.join("verbs").display()
         ),
     )
     .expect("write the runc wrapper");
@@ -678,6 +678,36 @@ async fn runc_creates_and_the_shim_itself_starts_the_container() {
         .expect("runc state");
     let state = String::from_utf8_lossy(&state.stdout);
     assert!(state.contains("\"status\": \"running\""), "{state}");
+    pod.remove_pod().await;
+}
+
+/// StopContainer signals a running container's init through the pidfd the shim took at
+/// create, as `runc kill` without `--all` would, and runs no runc for it: the container
+/// ends by the signal. (The `kill --all` of SIGKILL after the init's exit, for what is left
+/// in a shared PID namespace, still goes to runc.)
+#[tokio::test]
+async fn the_shim_stops_a_running_container_without_running_runc_kill() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let crius = crius_with_counting_runc(bin.path()).await;
+    let mut pod = pod_on(&crius, host_network_pod_config("pidfd-kill"), "counted").await;
+    let id = pod
+        .run(container("app", "busybox:latest", &["sleep", "1000"]))
+        .await;
+    pod.stop(&id, 1).await;
+    let status = pod.wait_exited(&id).await;
+    assert!(
+        matches!(status.exit_code, 137 | 143),
+        "not ended by SIGTERM or SIGKILL: {status:?}"
+    );
+    let logged = runc_verbs(bin.path());
+    assert!(
+        logged.iter().any(|v| v == "create"),
+        "the counting runc was not used: {logged:?}"
+    );
+    assert!(
+        !logged.iter().any(|v| v == "kill"),
+        "runc kill was run: {logged:?}"
+    );
     pod.remove_pod().await;
 }
 
