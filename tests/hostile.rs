@@ -789,17 +789,7 @@ async fn a_layer_whose_bytes_are_not_its_digest_is_refused_and_leaves_nothing() 
     let evil = EvilRegistry::start().await;
     let crius = Crius::start().await;
     let mut client = crius.client().await;
-    let err = client
-        .image
-        .pull_image(PullImageRequest {
-            image: Some(ImageSpec {
-                image: format!("{}/evil:lying-layer", evil.addr),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect_err("a lying layer");
+    let err = pull_refused(&mut client, &evil, "lying-layer").await;
     assert_eq!(err.code(), Code::DataLoss, "{err:?}");
     assert!(err.message().contains(LAYER_DIGEST_LIE), "{err:?}");
     // Its bytes went into containerd's ingest file (crius sees containerd's store here).
@@ -824,17 +814,7 @@ async fn an_image_of_more_layers_than_overlayfs_stacks_is_refused_before_any_dow
     let evil = EvilRegistry::start().await;
     let crius = Crius::start().await;
     let mut client = crius.client().await;
-    let err = client
-        .image
-        .pull_image(PullImageRequest {
-            image: Some(ImageSpec {
-                image: format!("{}/evil:layered", evil.addr),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect_err("600 layers");
+    let err = pull_refused(&mut client, &evil, "layered").await;
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("600 layers"), "{err:?}");
     let ingests = crius.ctr(&["content", "active"]);
@@ -842,6 +822,25 @@ async fn an_image_of_more_layers_than_overlayfs_stacks_is_refused_before_any_dow
         !ingests.contains("crius-layer"),
         "a layer was fetched: {ingests}"
     );
+}
+
+/// Pulls `evil:<tag>` from the evil registry, which must refuse it.
+async fn pull_refused(
+    client: &mut crius_testkit::CriClient,
+    evil: &EvilRegistry,
+    tag: &str,
+) -> tonic::Status {
+    client
+        .image
+        .pull_image(PullImageRequest {
+            image: Some(ImageSpec {
+                image: format!("{}/evil:{tag}", evil.addr),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err(tag)
 }
 
 fn open_fds(crius: &Crius) -> usize {

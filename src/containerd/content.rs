@@ -893,7 +893,7 @@ impl IngestFile {
         tokio::task::spawn_blocking(move || {
             let mut found = None;
             for entry in std::fs::read_dir(&root).ok()?.flatten() {
-                let Ok(key) = std::fs::read_to_string(entry.path().join("ref")) else {
+                let Some(key) = read_ingest_key(&entry.path().join("ref")) else {
                     continue;
                 };
                 if ingest_key_matches(&key, &prefix, &suffix) {
@@ -926,6 +926,21 @@ impl IngestFile {
         }
     }
 }
+
+/// An ingest's key, read from its `ref` file: at most [`MAX_INGEST_KEY`] bytes (a longer file
+/// is no key crius wrote).
+fn read_ingest_key(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mut key = String::new();
+    file.take(MAX_INGEST_KEY + 1)
+        .read_to_string(&mut key)
+        .ok()?;
+    (key.len() as u64 <= MAX_INGEST_KEY).then_some(key)
+}
+
+/// Longer than any `<namespace>/<n>/crius-layer-<digest>` key.
+const MAX_INGEST_KEY: u64 = 4096;
 
 /// Whether `key` is `<prefix><sequence number><suffix>`.
 fn ingest_key_matches(key: &str, prefix: &str, suffix: &str) -> bool {
