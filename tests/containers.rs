@@ -5,10 +5,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::pod::{Pod, container, host_network_pod_config, image, pod, pod_on, pull};
+use common::pod::{
+    Pod, container, host_network_pod_config, image, log_contains, pod, pod_on, pull,
+};
 use common::{Crius, eventually, pod_config};
 use crius::api::v1::{
     ContainerFilter, ContainerState, ContainerStateValue, ContainerStatusRequest, Int64Value,
@@ -17,20 +18,6 @@ use crius::api::v1::{
     NamespaceMode, NamespaceOption, RemovePodSandboxRequest, ReopenContainerLogRequest,
     RunPodSandboxRequest, SupplementalGroupsPolicy,
 };
-
-async fn log_contains(path: &Path, needle: &str) -> bool {
-    let path = path.to_path_buf();
-    let needle = needle.to_string();
-    eventually(Duration::from_secs(5), || {
-        let (path, needle) = (path.clone(), needle.clone());
-        async move {
-            std::fs::read_to_string(&path)
-                .map(|l| l.contains(&needle))
-                .unwrap_or(false)
-        }
-    })
-    .await
-}
 
 #[tokio::test]
 async fn a_running_container_logs_both_streams_and_reports_a_complete_status() {
@@ -395,9 +382,15 @@ async fn a_stop_whose_client_gives_up_first_leaves_the_container_running() {
         .run(container(
             "ignores-term",
             "busybox:latest",
-            &["sh", "-c", "trap 'echo ignore sigterm' TERM; sleep 1000"],
+            &[
+                "sh",
+                "-c",
+                "trap 'echo ignore sigterm' TERM; echo trapped; sleep 1000",
+            ],
         ))
         .await;
+    // As above: a SIGTERM before the shell set its trap would end the container.
+    assert!(log_contains(&pod.log_path("ignores-term"), "trapped").await);
     let mut request = tonic::Request::new(crius::api::v1::StopContainerRequest {
         container_id: id.clone(),
         timeout: 3,

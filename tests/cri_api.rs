@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use common::pod::{container, image, pod, pod_with};
+use common::pod::{container, image, log_contains, pod, pod_with};
 use common::{Crius, pod_config};
 use crius::api::v1::{
     self, ContainerFilter, ContainerStatsFilter, LinuxContainerResources,
@@ -559,12 +559,12 @@ async fn container_status_reports_the_user_and_the_stop_signal() {
         &[
             "sh",
             "-c",
-            "trap 'exit 7' INT; while true; do sleep 0.1; done",
+            "trap 'exit 7' INT; echo trapped; while true; do sleep 0.1; done",
         ],
     );
     trapper.stop_signal = Signal::Sigint as i32;
     let trapper = pod.run(trapper).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(log_contains(&pod.log_path("trapper"), "trapped").await);
     pod.stop(&trapper, 30).await;
     assert_eq!(pod.status(&trapper).await.0.exit_code, 7);
     pod.remove_pod().await;

@@ -16,7 +16,22 @@ use crius::api::v1::{
 };
 use crius_testkit::CriClient;
 
-use super::{Crius, Testbed, pod_config};
+use super::{Crius, Testbed, eventually, pod_config};
+
+/// Whether the file at `path` comes to contain `needle` within five seconds.
+pub async fn log_contains(path: &Path, needle: &str) -> bool {
+    let path = path.to_path_buf();
+    let needle = needle.to_string();
+    eventually(Duration::from_secs(5), || {
+        let (path, needle) = (path.clone(), needle.clone());
+        async move {
+            std::fs::read_to_string(&path)
+                .map(|l| l.contains(&needle))
+                .unwrap_or(false)
+        }
+    })
+    .await
+}
 
 pub fn image(name: &str) -> String {
     format!("{}/{name}", Testbed::from_env().registry)
