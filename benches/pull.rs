@@ -16,6 +16,13 @@
 //! fastest tools at hand (`zstd -d`, `gzip -d`, GNU tar), as many layers at once as the
 //! machine has cores. And crius's peak resident
 //! memory (VmHWM of a crius started for that pull).
+//!
+//! Then the same pulls with the layers already in containerd's content store (held by the
+//! image pulled into another namespace; containerd shares blobs between namespaces), so
+//! neither daemon downloads a layer: what is left is containerd's unpacking, its diff
+//! service's apply into snapshots. crius's pull with local layers over containerd's CRI's
+//! cold pull is the ratio crius would reach if its downloads cost nothing: containerd's
+//! own share.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -101,6 +108,64 @@ async fn cold_pull(client: &mut CriClient, image: &str) -> Duration {
         .await
         .unwrap_or_else(|e| panic!("remove {image}: {e}"));
     took
+}
+
+/// Starts a crius configured for the benchmark (`CRIUS_BENCH_UNPACKS`).
+async fn bench_crius(unpacks: Option<usize>) -> Crius {
+    Crius::start_with(
+        |c| {
+            if let Some(n) = unpacks {
+                c.image.max_concurrent_unpacks = n;
+            }
+        },
+        &[],
+    )
+    .await
+}
+
+/// Pulls cold with the layers already local: a crius in a namespace of its own pulls the
+/// image first and holds it until every round is done. Returns crius's and containerd's
+/// CRI's times.
+async fn local_layer_pulls(
+    cri: &mut CriClient,
+    reference: &str,
+    rounds: usize,
+    unpacks: Option<usize>,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let keeper = bench_crius(unpacks).await;
+    let mut keeper_client = keeper.client().await;
+    let mut request = tonic::Request::new(PullImageRequest {
+        image: spec(reference),
+        ..Default::default()
+    });
+    request.set_timeout(PULL_TIMEOUT);
+    keeper_client
+        .image
+        .pull_image(request)
+        .await
+        .unwrap_or_else(|e| panic!("pull {reference} to hold its layers: {e}"));
+    let (mut crius_times, mut cri_times) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let crius = bench_crius(unpacks).await;
+        let mut client = crius.client().await;
+        crius_times.push(cold_pull(&mut client, reference).await);
+        drop(client);
+        drop(crius);
+        cri_times.push(cold_pull(cri, reference).await);
+        eprintln!(
+            "{reference} with its layers local: round {round}: crius {}  containerd {}",
+            secs(crius_times[round]),
+            secs(cri_times[round])
+        );
+    }
+    keeper_client
+        .image
+        .remove_image(RemoveImageRequest {
+            image: spec(reference),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("remove the held {reference}: {e}"));
+    (crius_times, cri_times)
 }
 
 /// The peak resident memory of `pid` so far, in MiB.
@@ -232,8 +297,17 @@ async fn main() {
         version.runtime_version
     );
     println!(
-        "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5} | {:>12} | {:>13} |",
-        "image", "containerd", "crius", "bound", "ratio", "crius/bound", "crius peak RSS"
+        "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5} | {:>12} | {:>13} | {:>16} | {:>11} | {:>12} |",
+        "image",
+        "containerd",
+        "crius",
+        "bound",
+        "ratio",
+        "crius/bound",
+        "crius peak RSS",
+        "containerd local",
+        "crius local",
+        "ctrd's share"
     );
     // `CRIUS_BENCH_UNPACKS`: crius's image.max_concurrent_unpacks (default: its own).
     let unpacks: Option<usize> = std::env::var("CRIUS_BENCH_UNPACKS")
@@ -248,15 +322,7 @@ async fn main() {
         let reference = format!("{}/{}", testbed.registry, image.name);
         let (mut crius_times, mut cri_times, mut peaks) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
-            let crius = Crius::start_with(
-                |c| {
-                    if let Some(n) = unpacks {
-                        c.image.max_concurrent_unpacks = n;
-                    }
-                },
-                &[],
-            )
-            .await;
+            let crius = bench_crius(unpacks).await;
             let mut client = crius.client().await;
             crius_times.push(cold_pull(&mut client, &reference).await);
             peaks.push(peak_rss_mib(crius.pid().as_raw()));
@@ -284,10 +350,13 @@ async fn main() {
         } else {
             None
         };
+        let (crius_local, cri_local) =
+            local_layer_pulls(&mut cri, &reference, rounds, unpacks).await;
+        let (crius_local, cri_local) = (median(crius_local), median(cri_local));
         let (crius_median, cri_median) = (median(crius_times), median(cri_times));
         let peak = peaks.iter().cloned().fold(0.0, f64::max);
         println!(
-            "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5.2} | {:>12} | {:>10.1} MiB |",
+            "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5.2} | {:>12} | {:>10.1} MiB | {:>16} | {:>11} | {:>12.2} |",
             format!("{} ({})", image.name, image.about),
             secs(cri_median),
             secs(crius_median),
@@ -297,7 +366,10 @@ async fn main() {
                 "{:.2}",
                 crius_median.as_secs_f64() / b.as_secs_f64()
             )),
-            peak
+            peak,
+            secs(cri_local),
+            secs(crius_local),
+            crius_local.as_secs_f64() / cri_median.as_secs_f64()
         );
     }
 }
