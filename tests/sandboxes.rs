@@ -474,13 +474,17 @@ async fn a_pause_task_containerd_could_not_destroy_for_a_moment_is_destroyed_by_
     assert_eq!(crius.ctr(&["tasks", "ls", "-q"]).trim(), "");
     assert_eq!(crius.ctr(&["containers", "ls", "-q"]).trim(), "");
     assert_no_trace(&crius, "", "", &network);
+    // Counted by the failpoint's words: the real destroy may meet a closing shim's
+    // connection once more and be retried too (CI saw it beside 2.1.9), as it should.
+    let log = crius.log();
+    let retried_failpoint = log
+        .lines()
+        .filter(|l| l.contains("undo: trying again to destroy the task"))
+        .filter(|l| l.contains("failpoint undo_destroy_task triggered"))
+        .count();
     assert_eq!(
-        crius
-            .log()
-            .matches("undo: trying again to destroy the task")
-            .count(),
-        2,
-        "the first two tries failed and were retried"
+        retried_failpoint, 2,
+        "the first two tries failed and were retried:\n{log}"
     );
 }
 
