@@ -20,7 +20,7 @@
 //! Then crius's pulls with the layers already in containerd's content store (held by the
 //! image pulled into another namespace; containerd shares blobs between namespaces), so
 //! nothing is downloaded: what is left is containerd's unpacking, its diff service's apply
-//! into snapshots. That time over containerd's CRI's cold pull is the ratio crius would
+//! into snapshots, and crius's few calls a layer around it. That time over containerd's CRI's cold pull is the ratio crius would
 //! reach if its downloads cost nothing: containerd's own share.
 
 #[path = "../tests/common/mod.rs"]
@@ -86,26 +86,35 @@ fn settle_disk() {
     unsafe { libc::sync() };
 }
 
-/// Pulls `image` and removes it again; returns how long the pull took.
-async fn cold_pull(client: &mut CriClient, image: &str) -> Duration {
-    settle_disk();
+/// Pulls `image` (bounded by [`PULL_TIMEOUT`]).
+async fn pull(client: &mut CriClient, image: &str) {
     let mut request = tonic::Request::new(PullImageRequest {
         image: spec(image),
         ..Default::default()
     });
     request.set_timeout(PULL_TIMEOUT);
-    let start = Instant::now();
     client
         .image
         .pull_image(request)
         .await
         .unwrap_or_else(|e| panic!("pull {image}: {e}"));
-    let took = start.elapsed();
+}
+
+async fn remove(client: &mut CriClient, image: &str) {
     client
         .image
         .remove_image(RemoveImageRequest { image: spec(image) })
         .await
         .unwrap_or_else(|e| panic!("remove {image}: {e}"));
+}
+
+/// Pulls `image` and removes it again; returns how long the pull took.
+async fn cold_pull(client: &mut CriClient, image: &str) -> Duration {
+    settle_disk();
+    let start = Instant::now();
+    pull(client, image).await;
+    let took = start.elapsed();
+    remove(client, image).await;
     took
 }
 
@@ -132,16 +141,7 @@ async fn local_layer_pulls(
 ) -> Vec<Duration> {
     let keeper = bench_crius(unpacks).await;
     let mut keeper_client = keeper.client().await;
-    let mut request = tonic::Request::new(PullImageRequest {
-        image: spec(reference),
-        ..Default::default()
-    });
-    request.set_timeout(PULL_TIMEOUT);
-    keeper_client
-        .image
-        .pull_image(request)
-        .await
-        .unwrap_or_else(|e| panic!("pull {reference} to hold its layers: {e}"));
+    pull(&mut keeper_client, reference).await;
     let mut crius_times = Vec::new();
     for round in 0..rounds {
         let crius = bench_crius(unpacks).await;
@@ -152,13 +152,7 @@ async fn local_layer_pulls(
             secs(crius_times[round])
         );
     }
-    keeper_client
-        .image
-        .remove_image(RemoveImageRequest {
-            image: spec(reference),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("remove the held {reference}: {e}"));
+    remove(&mut keeper_client, reference).await;
     crius_times
 }
 
