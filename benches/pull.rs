@@ -20,8 +20,9 @@
 //! Then crius's pulls with the layers already in containerd's content store (held by the
 //! image pulled into another namespace; containerd shares blobs between namespaces), so
 //! nothing is downloaded: what is left is containerd's unpacking, its diff service's apply
-//! into snapshots, and crius's few calls a layer around it. That time over containerd's CRI's cold pull is the ratio crius would
-//! reach if its downloads cost nothing: containerd's own share.
+//! into snapshots, and crius's few calls a layer around it. That time over containerd's
+//! CRI's cold pull is the ratio crius would reach if its downloads cost nothing: an upper
+//! bound of containerd's own share.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
