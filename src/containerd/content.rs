@@ -2,7 +2,9 @@
 //! store make, with the containerd conventions (lease header, GC labels) in one place.
 
 use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -18,7 +20,6 @@ use containerd_client::services::v1::{
 use containerd_client::types::{Descriptor, Mount};
 use futures::{Stream, StreamExt};
 use sha2::{Digest as _, Sha256};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
@@ -747,7 +748,7 @@ impl ContentWriter {
             Ok::<(), tonic::Status>(())
         });
         let mut sink = StreamSink(&tx);
-        let outcome = match copy_blob(data, &mut sink, size, progress)
+        let outcome = match copy_blob(data, &mut sink, size, Some(Sha256::new()), progress)
             .await
             .check(&digest, size)
         {
@@ -778,11 +779,12 @@ impl ContentWriter {
     /// Writes the blob into the ingest's data file while this writer holds the ingest's
     /// lock, lets go of the writer, and opens it again: containerd re-reads the file,
     /// hashing it, finds it complete, and checks digest and size at the commit as for
-    /// bytes it received itself.
+    /// bytes it received itself. crius does not hash the bytes too: containerd's check is
+    /// the one that counts, and its refusal is reported as a mismatch.
     async fn write_in_place<S, E>(
         self,
         file: IngestFile,
-        out: tokio::fs::File,
+        out: std::fs::File,
         data: S,
         labels: HashMap<String, String>,
         progress: impl Fn(usize),
@@ -802,8 +804,8 @@ impl ContentWriter {
             ..
         } = self;
         let started = std::time::Instant::now();
-        let mut sink = FileSink { out, error: None };
-        let sent = copy_blob(data, &mut sink, size, progress).await;
+        let mut sink = FileSink::new(out);
+        let sent = copy_blob(data, &mut sink, size, None, progress).await;
         let written = match sink.finish().await {
             Ok(()) => sent.check(&digest, size),
             Err(e) => Err(file.error(e).into()),
@@ -834,10 +836,36 @@ impl ContentWriter {
             }
             Err(e) => {
                 containerd.abort_ingest(&ingest_ref).await;
-                Err(e.into())
+                Err(refused_bytes(&e, &digest, size).unwrap_or_else(|| e.into()))
             }
         }
     }
+}
+
+/// containerd's refusal, at the commit, of bytes that are not the blob (`unexpected commit
+/// digest <actual>, expected <digest>`, or a size that differs), as a mismatch.
+fn refused_bytes<E: std::error::Error + 'static>(
+    e: &ContainerdError,
+    digest: &str,
+    size: i64,
+) -> Option<WriteError<E>> {
+    let ContainerdError::Rpc { status, .. } = e else {
+        return None;
+    };
+    if status.code() != Code::FailedPrecondition {
+        return None;
+    }
+    let message = status.message();
+    let actual = (message.split("unexpected commit digest ").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .filter(|actual| actual.starts_with("sha256:"))
+        .map_or_else(|| format!("(refused: {message})"), str::to_string);
+    Some(WriteError::Mismatch {
+        expected: digest.to_string(),
+        actual,
+        size,
+        expected_size: size,
+    })
 }
 
 /// Opens the ingest `ingest_ref` again after its data was written in place and commits it;
@@ -853,12 +881,23 @@ async fn commit_written(
     const LOCKED_WAIT: Duration = Duration::from_millis(50);
     const LOCKED_TRIES: u32 = 600;
     for _ in 0..LOCKED_TRIES {
+        let started = std::time::Instant::now();
         match containerd
             .open_writer(lease, ingest_ref, digest, size)
             .await
         {
             Ok(None) => return Ok(()),
-            Ok(Some(writer)) if writer.is_complete() => return writer.commit(labels).await,
+            Ok(Some(writer)) if writer.is_complete() => {
+                let reopened = started.elapsed();
+                let committed = writer.commit(labels).await;
+                tracing::debug!(
+                    ingest = %ingest_ref,
+                    reopen_ms = reopened.as_millis() as u64,
+                    commit_ms = (started.elapsed() - reopened).as_millis() as u64,
+                    "in-place blob read back and committed"
+                );
+                return committed;
+            }
             Ok(Some(writer)) => {
                 let offset = writer.offset;
                 drop(writer);
@@ -910,13 +949,14 @@ impl IngestFile {
         .flatten()
     }
 
-    async fn open(&self) -> std::io::Result<tokio::fs::File> {
-        tokio::fs::OpenOptions::new()
+    async fn open(&self) -> std::io::Result<std::fs::File> {
+        let file = tokio::fs::OpenOptions::new()
             .write(true)
             .truncate(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&self.data)
-            .await
+            .await?;
+        Ok(file.into_std().await)
     }
 
     fn error(&self, source: std::io::Error) -> ContainerdError {
@@ -951,8 +991,8 @@ fn ingest_key_matches(key: &str, prefix: &str, suffix: &str) -> bool {
 
 /// What sending a blob's data to containerd came to.
 struct Sent<E> {
-    /// The digest of what the source gave.
-    actual: String,
+    /// The digest of what the source gave, where crius hashed it.
+    actual: Option<String>,
     /// Bytes sent in writes.
     offset: i64,
     /// Bytes taken from the source and not sent (a source cut off, or a closed stream).
@@ -976,10 +1016,16 @@ impl<E: std::error::Error + 'static> Sent<E> {
                 expected_size: size,
             });
         }
-        if self.actual != digest || self.offset != size {
+        let wrong_digest = self
+            .actual
+            .as_deref()
+            .is_some_and(|actual| actual != digest);
+        if wrong_digest || self.offset != size {
             return Err(WriteError::Mismatch {
                 expected: digest.to_string(),
-                actual: self.actual,
+                actual: self
+                    .actual
+                    .unwrap_or_else(|| "(not hashed: size differs)".to_string()),
                 size: self.offset,
                 expected_size: size,
             });
@@ -1009,47 +1055,78 @@ impl BlobSink for StreamSink<'_> {
     }
 }
 
-/// An ingest's data file, written in order from its start.
+/// An ingest's data file, written in order from its start on the blocking pool, one write
+/// in flight while the next chunk comes in. Each written range starts on its way to the
+/// disk at once: containerd's commit syncs the file, and would otherwise wait for all of
+/// it (and, on ext4, for every other layer written meanwhile).
 struct FileSink {
-    out: tokio::fs::File,
+    out: Arc<std::fs::File>,
+    in_flight: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     error: Option<std::io::Error>,
 }
 
-impl BlobSink for FileSink {
-    async fn put(&mut self, _offset: i64, data: Vec<u8>) -> bool {
-        match self.out.write_all(&data).await {
-            Ok(()) => true,
-            Err(e) => {
-                self.error = Some(e);
-                false
+impl FileSink {
+    fn new(out: std::fs::File) -> Self {
+        Self {
+            out: Arc::new(out),
+            in_flight: None,
+            error: None,
+        }
+    }
+
+    /// Waits for the write in flight; false once any write failed.
+    async fn settle(&mut self) -> bool {
+        if let Some(write) = self.in_flight.take() {
+            let done = write
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(e) = done {
+                self.error.get_or_insert(e);
             }
         }
+        self.error.is_none()
+    }
+
+    /// Waits for the last write and reports the first error.
+    async fn finish(mut self) -> std::io::Result<()> {
+        self.settle().await;
+        self.error.map_or(Ok(()), Err)
     }
 }
 
-impl FileSink {
-    /// Waits for the last write and reports the first error.
-    async fn finish(mut self) -> std::io::Result<()> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
+impl BlobSink for FileSink {
+    async fn put(&mut self, offset: i64, data: Vec<u8>) -> bool {
+        if !self.settle().await {
+            return false;
         }
-        self.out.flush().await
+        let Ok(offset) = u64::try_from(offset) else {
+            self.error = Some(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+            return false;
+        };
+        let out = Arc::clone(&self.out);
+        self.in_flight = Some(tokio::task::spawn_blocking(move || {
+            out.write_all_at(&data, offset)?;
+            // Only a head start: the commit's sync writes whatever this did not.
+            let _ = crate::sys::fsutil::start_writeback(&out, offset, data.len() as u64);
+            Ok(())
+        }));
+        true
     }
 }
 
 /// Copies `data` into `sink` in writes of up to [`WRITE_CHUNK`] from offset 0 (which
-/// restarts any earlier partial ingest), hashing it on the way; a source that gives more
+/// restarts any earlier partial ingest), hashing it on the way with `hasher` (if any); a source that gives more
 /// than `size` is cut off at once, not when it stops (it might never).
 async fn copy_blob<S, E>(
     mut data: S,
     sink: &mut impl BlobSink,
     size: i64,
+    mut hasher: Option<Sha256>,
     progress: impl Fn(usize),
 ) -> Sent<E>
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
 {
-    let mut hasher = Sha256::new();
     let mut offset: i64 = 0;
     // A small blob (a manifest, a config) needs no megabyte buffer.
     let write_size = usize::try_from(size)
@@ -1073,7 +1150,9 @@ where
                 overrun = true;
                 break;
             }
-            hasher.update(&chunk);
+            if let Some(hasher) = hasher.as_mut() {
+                hasher.update(&chunk);
+            }
             progress(chunk.len());
             buffer.extend_from_slice(&chunk);
         }
@@ -1095,7 +1174,7 @@ where
         }
     }
     Sent {
-        actual: format!("sha256:{:x}", hasher.finalize()),
+        actual: hasher.map(|hasher| format!("sha256:{:x}", hasher.finalize())),
         offset,
         buffered: buffer.len(),
         source_error,
@@ -1107,5 +1186,104 @@ fn rpc_write(status: tonic::Status) -> ContainerdError {
     ContainerdError::Rpc {
         op: "write content",
         status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(
+        parts: &[&'static [u8]],
+    ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Unpin {
+        futures::stream::iter(
+            parts
+                .iter()
+                .map(|p| Ok(Bytes::from_static(p)))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    fn sha256(data: &[u8]) -> String {
+        format!("sha256:{:x}", Sha256::digest(data))
+    }
+
+    #[tokio::test]
+    async fn a_blob_copied_into_a_file_lands_whole_and_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        std::fs::write(&path, b"an earlier, longer partial ingest").unwrap();
+        let out = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let big: &'static [u8] = Box::leak(vec![3u8; WRITE_CHUNK + 17].into_boxed_slice());
+        let mut expected = b"head".to_vec();
+        expected.extend_from_slice(big);
+        expected.extend_from_slice(b"tail");
+        let mut sink = FileSink::new(out);
+        let sent = copy_blob(
+            chunks(&[b"head", big, b"tail"]),
+            &mut sink,
+            expected.len() as i64,
+            None,
+            |_| {},
+        )
+        .await;
+        sink.finish().await.unwrap();
+        assert!(sent.actual.is_none(), "not hashed");
+        let size = expected.len() as i64;
+        sent.check(&sha256(b"anything"), size).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
+
+    #[tokio::test]
+    async fn a_short_or_overlong_unhashed_blob_is_still_a_mismatch() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| std::fs::File::create(dir.path().join(name)).unwrap();
+        let mut sink = FileSink::new(open("short"));
+        let sent = copy_blob(chunks(&[b"abc"]), &mut sink, 4, None, |_| {}).await;
+        sink.finish().await.unwrap();
+        let err = sent.check(&sha256(b"abcd"), 4).unwrap_err();
+        assert!(matches!(err, WriteError::Mismatch { size: 3, .. }), "{err}");
+
+        let mut sink = FileSink::new(open("long"));
+        let sent = copy_blob(chunks(&[b"abc", b"de"]), &mut sink, 4, None, |_| {}).await;
+        sink.finish().await.unwrap();
+        let err = sent.check(&sha256(b"abcd"), 4).unwrap_err();
+        assert!(
+            err.to_string().contains("longer than its descriptor"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn containerd_refusing_the_bytes_at_the_commit_is_a_mismatch() {
+        let (expected, actual) = (sha256(b"promised"), sha256(b"given"));
+        let refusal = |code, message: String| ContainerdError::Rpc {
+            op: "write content",
+            status: tonic::Status::new(code, message),
+        };
+        let digest = refusal(
+            Code::FailedPrecondition,
+            format!("unexpected commit digest {actual}, expected {expected}: failed precondition"),
+        );
+        let err = refused_bytes::<std::io::Error>(&digest, &expected, 5).unwrap();
+        assert!(
+            matches!(&err, WriteError::Mismatch { actual: a, .. } if *a == actual),
+            "{err}"
+        );
+        let size = refusal(
+            Code::FailedPrecondition,
+            "unexpected commit size 3, expected 5: failed precondition".to_string(),
+        );
+        let err = refused_bytes::<std::io::Error>(&size, &expected, 5).unwrap();
+        assert!(
+            err.to_string().contains("unexpected commit size 3"),
+            "{err}"
+        );
+        let other = refusal(Code::Unavailable, "connection closed".to_string());
+        assert!(refused_bytes::<std::io::Error>(&other, &expected, 5).is_none());
     }
 }

@@ -152,6 +152,24 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
     result
 }
 
+/// Starts writing `len` bytes of `file` from `offset` back to the disk without waiting
+/// for it (sync_file_range(2) with `SYNC_FILE_RANGE_WRITE`): a later fsync of the file then
+/// finds little left to write, rather than everything at once.
+pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
+    let too_far = |_| std::io::Error::from(std::io::ErrorKind::InvalidInput);
+    let offset = offset.try_into().map_err(too_far)?;
+    let len = len.try_into().map_err(too_far)?;
+    // SAFETY: the descriptor is open for the whole call (borrowed from `file`), and the call
+    // reads no memory of ours.
+    let rc = unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE)
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Reads a small file someone else may have made: only a regular file (a FIFO or device at
 /// the path is an error, never waited on), at most `limit` bytes (more is an error).
 pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
@@ -197,6 +215,21 @@ pub fn read_bounded_string(path: &Path, limit: u64) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writeback_starts_on_a_file_and_refuses_what_is_not_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut file = std::fs::File::create(dir.path().join("data")).unwrap();
+        file.write_all(&[7u8; 64 * 1024]).unwrap();
+        start_writeback(&file, 0, 64 * 1024).unwrap();
+        let err = start_writeback(&file, u64::MAX, 1).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        let (read, write) = nix::unistd::pipe().unwrap();
+        drop(read);
+        let pipe = std::fs::File::from(write);
+        let err = start_writeback(&pipe, 0, 1).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ESPIPE), "{err}");
+    }
 
     #[test]
     fn a_staged_directory_takes_the_place_of_an_empty_sibling_only() {
