@@ -17,6 +17,12 @@
 //! machine has cores. And crius's peak resident
 //! memory (VmHWM of a crius started for that pull).
 //!
+//! For every cold pull it also counts the CPU time the daemons spent on it (from
+//! `/proc/<pid>/stat`, waited-for children included): crius's and its containerd's for
+//! crius's pull, the containerd with the CRI's for that one's (`CRIUS_BENCH_CONTAINERD_PID`
+//! and `CRIUS_BENCH_CRI_CONTAINERD_PID` name their pid files). On a machine whose cores are
+//! the bound, that split says whose work a pull's time is.
+//!
 //! Then crius's pulls with the layers already in containerd's content store (held by the
 //! image pulled into another namespace; containerd shares blobs between namespaces), so
 //! nothing is downloaded: what is left is containerd's unpacking, its diff service's apply
@@ -70,6 +76,11 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
+fn median_f64(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
@@ -109,14 +120,44 @@ async fn remove(client: &mut CriClient, image: &str) {
         .unwrap_or_else(|e| panic!("remove {image}: {e}"));
 }
 
-/// Pulls `image` and removes it again; returns how long the pull took.
-async fn cold_pull(client: &mut CriClient, image: &str) -> Duration {
+/// Pulls `image` and removes it again; returns how long the pull took and the CPU seconds
+/// each of `daemons` spent meanwhile.
+async fn cold_pull(client: &mut CriClient, image: &str, daemons: &[u32]) -> (Duration, Vec<f64>) {
     settle_disk();
+    let cpu_before: Vec<f64> = daemons.iter().map(|&pid| cpu_seconds(pid)).collect();
     let start = Instant::now();
     pull(client, image).await;
     let took = start.elapsed();
+    let cpu = (daemons.iter().zip(cpu_before))
+        .map(|(&pid, before)| cpu_seconds(pid) - before)
+        .collect();
     remove(client, image).await;
-    took
+    (took, cpu)
+}
+
+/// The CPU time `pid` and its waited-for children have used, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
+    // The fields after the command's closing parenthesis, from the state (field 3) on:
+    // utime, stime, cutime and cstime are fields 14 to 17.
+    let after_comm = &stat[stat.rfind(')').expect("comm in stat") + 2..];
+    let ticks: u64 = (after_comm.split_whitespace().skip(11).take(4))
+        .map(|f| f.parse::<u64>().expect("CPU ticks"))
+        .sum();
+    // SAFETY: sysconf has no memory arguments.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / per_second as f64
+}
+
+/// The pid in the pid file that the environment variable `var` names.
+fn pid_from_file(var: &str) -> u32 {
+    let path =
+        std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: use `make bench all`"));
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .parse()
+        .expect("pid")
 }
 
 /// Starts a crius configured for the benchmark (`CRIUS_BENCH_UNPACKS`).
@@ -147,7 +188,7 @@ async fn local_layer_pulls(
     for round in 0..rounds {
         let crius = bench_crius(unpacks).await;
         let mut client = crius.client().await;
-        crius_times.push(cold_pull(&mut client, reference).await);
+        crius_times.push(cold_pull(&mut client, reference, &[]).await.0);
         eprintln!(
             "{reference} with its layers local: round {round}: crius {}",
             secs(crius_times[round])
@@ -285,8 +326,10 @@ async fn main() {
         "cold pulls, {rounds} rounds, crius beside containerd {} against its CRI, {cores} cores",
         version.runtime_version
     );
+    let containerd_pid = pid_from_file("CRIUS_BENCH_CONTAINERD_PID");
+    let cri_containerd_pid = pid_from_file("CRIUS_BENCH_CRI_CONTAINERD_PID");
     println!(
-        "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5} | {:>12} | {:>13} | {:>11} | {:>12} |",
+        "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5} | {:>12} | {:>13} | {:>11} | {:>12} | {:>23} | {:>9} |",
         "image",
         "containerd",
         "crius",
@@ -295,7 +338,9 @@ async fn main() {
         "crius/bound",
         "crius peak RSS",
         "crius local",
-        "ctrd's share"
+        "ctrd's share",
+        "CPU: crius + its ctrd",
+        "CPU: CRI"
     );
     // `CRIUS_BENCH_UNPACKS`: crius's image.max_concurrent_unpacks (default: its own).
     let unpacks: Option<usize> = std::env::var("CRIUS_BENCH_UNPACKS")
@@ -309,10 +354,16 @@ async fn main() {
         }
         let reference = format!("{}/{}", testbed.registry, image.name);
         let (mut crius_times, mut cri_times, mut peaks) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut crius_cpu, mut its_containerd_cpu, mut cri_cpu) =
+            (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
             let crius = bench_crius(unpacks).await;
             let mut client = crius.client().await;
-            crius_times.push(cold_pull(&mut client, &reference).await);
+            let daemons = [crius.pid().as_raw() as u32, containerd_pid];
+            let (took, cpu) = cold_pull(&mut client, &reference, &daemons).await;
+            crius_times.push(took);
+            crius_cpu.push(cpu[0]);
+            its_containerd_cpu.push(cpu[1]);
             peaks.push(peak_rss_mib(crius.pid().as_raw()));
             if std::env::var_os("CRIUS_BENCH_PULL_VERBOSE").is_some() {
                 (crius.log().lines())
@@ -321,7 +372,9 @@ async fn main() {
             }
             drop(client);
             drop(crius);
-            cri_times.push(cold_pull(&mut cri, &reference).await);
+            let (took, cpu) = cold_pull(&mut cri, &reference, &[cri_containerd_pid]).await;
+            cri_times.push(took);
+            cri_cpu.push(cpu[0]);
             eprintln!(
                 "{}: round {round}: crius {}  containerd {}",
                 image.name,
@@ -342,7 +395,7 @@ async fn main() {
         let (crius_median, cri_median) = (median(crius_times), median(cri_times));
         let peak = peaks.iter().cloned().fold(0.0, f64::max);
         println!(
-            "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5.2} | {:>12} | {:>10.1} MiB | {:>11} | {:>12.2} |",
+            "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5.2} | {:>12} | {:>10.1} MiB | {:>11} | {:>12.2} | {:>23} | {:>9} |",
             format!("{} ({})", image.name, image.about),
             secs(cri_median),
             secs(crius_median),
@@ -354,7 +407,13 @@ async fn main() {
             )),
             peak,
             secs(crius_local),
-            crius_local.as_secs_f64() / cri_median.as_secs_f64()
+            crius_local.as_secs_f64() / cri_median.as_secs_f64(),
+            format!(
+                "{:.2} + {:.2} s",
+                median_f64(crius_cpu),
+                median_f64(its_containerd_cpu)
+            ),
+            format!("{:.2} s", median_f64(cri_cpu))
         );
     }
 }

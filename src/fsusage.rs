@@ -146,19 +146,31 @@ impl ImageFs {
         self.refresh().await
     }
 
-    /// Measures again and keeps the result.
+    /// Measures again and keeps the result. The walk runs on a thread of its own in the
+    /// idle scheduling class: on a busy node it waits, pulls and RPCs do not.
     pub async fn refresh(&self) -> std::io::Result<Usage> {
         let path = self.path.clone();
-        let usage = tokio::task::spawn_blocking(move || measure(&path))
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("crius-fsusage".to_string())
+            .spawn(move || {
+                if let Err(e) = crate::sys::host::make_this_thread_idle() {
+                    tracing::debug!(error = %e, "disk-usage walk keeps its priority");
+                }
+                let _ = tx.send(measure(&path));
+            })?;
+        let usage = rx
             .await
-            .map_err(std::io::Error::other)??;
+            .map_err(|_| std::io::Error::other("disk-usage walk ended without a result"))??;
         *self.latest.write().unwrap_or_else(|p| p.into_inner()) = Some(usage);
         Ok(usage)
     }
 
-    /// Re-measures every `period` until cancelled.
+    /// Re-measures every `period` until cancelled, the first time one period after the
+    /// start (a daemon that has just started has pulls to serve first; the first
+    /// ImageFsInfo before then measures at once).
     pub async fn run_syncer(&self, period: Duration, cancel: CancellationToken) {
-        let mut ticker = tokio::time::interval(period);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -174,6 +186,41 @@ impl ImageFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn measured(fs: &ImageFs) -> Option<Usage> {
+        *fs.latest.read().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_syncer_waits_a_period_and_a_caller_measures_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), vec![1u8; 8192]).unwrap();
+        let fs = std::sync::Arc::new(ImageFs::new(dir.path().to_path_buf()));
+        let cancel = CancellationToken::new();
+        let syncer = tokio::spawn({
+            let (fs, cancel) = (fs.clone(), cancel.clone());
+            async move { fs.run_syncer(Duration::from_secs(3600), cancel).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(measured(&fs), None, "walked at the start");
+        let usage = fs.usage().await.unwrap();
+        assert_eq!(usage.inodes_used, 2, "{usage:?}");
+        assert_eq!(measured(&fs), Some(usage));
+        cancel.cancel();
+        syncer.await.unwrap();
+    }
+
+    #[test]
+    fn the_walking_thread_runs_in_the_idle_class() {
+        let class = std::thread::spawn(|| {
+            crate::sys::host::make_this_thread_idle().unwrap();
+            // SAFETY: no arguments but the calling thread's id.
+            unsafe { libc::sched_getscheduler(0) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(class, libc::SCHED_IDLE);
+    }
 
     #[test]
     fn counts_files_once_per_inode() {
