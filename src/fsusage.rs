@@ -124,6 +124,17 @@ fn names(dir: &OwnedFd) -> Vec<std::ffi::OsString> {
 pub struct ImageFs {
     path: PathBuf,
     latest: RwLock<Option<Usage>>,
+    /// Held by the caller that measures for the first time: the others wait for its walk.
+    first_walk: tokio::sync::Mutex<()>,
+}
+
+/// How a walk shares the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Priority {
+    /// A caller is waiting for the answer.
+    Normal,
+    /// Nobody waits: the walk takes only CPU nothing else wants.
+    Idle,
 }
 
 impl ImageFs {
@@ -131,30 +142,43 @@ impl ImageFs {
         Self {
             path,
             latest: RwLock::new(None),
+            first_walk: tokio::sync::Mutex::new(()),
         }
+    }
+
+    fn cached(&self) -> Option<Usage> {
+        *self.latest.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// The latest measurement, measuring now if there is none yet.
+    /// The latest measurement, measuring now if there is none yet (one walk, at normal
+    /// priority, for all the callers that come before it ends).
     pub async fn usage(&self) -> std::io::Result<Usage> {
-        if let Some(usage) = *self.latest.read().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(usage) = self.cached() {
             return Ok(usage);
         }
-        self.refresh().await
+        let _first = self.first_walk.lock().await;
+        if let Some(usage) = self.cached() {
+            return Ok(usage);
+        }
+        self.refresh(Priority::Normal).await
     }
 
-    /// Measures again and keeps the result. The walk runs on a thread of its own in the
-    /// idle scheduling class: on a busy node it waits, pulls and RPCs do not.
-    pub async fn refresh(&self) -> std::io::Result<Usage> {
+    /// Measures again and keeps the result. The walk runs on a thread of its own; in the
+    /// background, in the idle scheduling class, so that on a busy node it waits and
+    /// pulls and RPCs do not.
+    async fn refresh(&self, priority: Priority) -> std::io::Result<Usage> {
         let path = self.path.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name("crius-fsusage".to_string())
             .spawn(move || {
-                if let Err(e) = crate::sys::host::make_this_thread_idle() {
+                if priority == Priority::Idle
+                    && let Err(e) = crate::sys::host::make_this_thread_idle()
+                {
                     tracing::debug!(error = %e, "disk-usage walk keeps its priority");
                 }
                 let _ = tx.send(measure(&path));
@@ -176,7 +200,7 @@ impl ImageFs {
                 _ = cancel.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            if let Err(e) = self.refresh().await {
+            if let Err(e) = self.refresh(Priority::Idle).await {
                 tracing::debug!(path = %self.path.display(), error = %e, "cannot measure image filesystem");
             }
         }
@@ -208,6 +232,28 @@ mod tests {
         assert_eq!(measured(&fs), Some(usage));
         cancel.cancel();
         syncer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn callers_before_the_first_measurement_share_one_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..200 {
+            std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let fs = std::sync::Arc::new(ImageFs::new(dir.path().to_path_buf()));
+        let callers: Vec<_> = (0..8)
+            .map(|_| {
+                let fs = fs.clone();
+                tokio::spawn(async move { fs.usage().await.unwrap() })
+            })
+            .collect();
+        let mut usages = Vec::new();
+        for caller in callers {
+            usages.push(caller.await.unwrap());
+        }
+        // Each walk stamps its own end time: one timestamp, one walk.
+        assert!(usages.iter().all(|u| *u == usages[0]), "{usages:?}");
+        assert_eq!(usages[0].inodes_used, 201);
     }
 
     #[test]

@@ -1115,8 +1115,9 @@ impl BlobSink for FileSink {
 }
 
 /// Copies `data` into `sink` in writes of up to [`WRITE_CHUNK`] from offset 0 (which
-/// restarts any earlier partial ingest), hashing it on the way with `hasher` (if any); a source that gives more
-/// than `size` is cut off at once, not when it stops (it might never).
+/// restarts any earlier partial ingest), hashing it on the way with `hasher` (if any); a
+/// source that gives more than `size` is cut off at once, not when it stops (it might
+/// never).
 async fn copy_blob<S, E>(
     mut data: S,
     sink: &mut impl BlobSink,
