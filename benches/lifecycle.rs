@@ -18,6 +18,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/daemons.rs"]
+mod daemons;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,7 @@ use crius::api::v1::{
     StopContainerRequest, StopPodSandboxRequest, VersionRequest,
 };
 use crius_testkit::CriClient;
+use daemons::pid_from_file;
 
 /// Rounds per operation; `CRIUS_BENCH_ROUNDS` changes it (a quick look: 3).
 const ROUNDS: usize = 20;
@@ -513,15 +516,6 @@ fn rss_kib(pid: u32) -> Rss {
 
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
-}
-
-fn pid_from_file(var: &str) -> u32 {
-    let path = std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: use `make bench`"));
-    std::fs::read_to_string(Path::new(&path))
-        .expect("read pid file")
-        .trim()
-        .parse()
-        .expect("pid")
 }
 
 /// The median time of containerd's Images.Delete with a synchronous collection, on the

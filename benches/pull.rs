@@ -32,6 +32,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/daemons.rs"]
+mod daemons;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,6 +43,7 @@ use std::time::{Duration, Instant};
 use common::{Crius, Testbed};
 use crius::api::v1::{ImageSpec, PullImageRequest, RemoveImageRequest, VersionRequest};
 use crius_testkit::CriClient;
+use daemons::{cpu_seconds, pid_from_file};
 
 /// Rounds per image; `CRIUS_BENCH_PULL_ROUNDS` changes it.
 const ROUNDS: usize = 3;
@@ -133,31 +136,6 @@ async fn cold_pull(client: &mut CriClient, image: &str, daemons: &[u32]) -> (Dur
         .collect();
     remove(client, image).await;
     (took, cpu)
-}
-
-/// The CPU time `pid` and its waited-for children have used, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
-    // The fields after the command's closing parenthesis, from the state (field 3) on:
-    // utime, stime, cutime and cstime are fields 14 to 17.
-    let after_comm = &stat[stat.rfind(')').expect("comm in stat") + 2..];
-    let ticks: u64 = (after_comm.split_whitespace().skip(11).take(4))
-        .map(|f| f.parse::<u64>().expect("CPU ticks"))
-        .sum();
-    // SAFETY: sysconf has no memory arguments.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    ticks as f64 / per_second as f64
-}
-
-/// The pid in the pid file that the environment variable `var` names.
-fn pid_from_file(var: &str) -> u32 {
-    let path =
-        std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: use `make bench all`"));
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .trim()
-        .parse()
-        .expect("pid")
 }
 
 /// Starts a crius configured for the benchmark (`CRIUS_BENCH_UNPACKS`).
