@@ -54,12 +54,14 @@ impl CriService {
         resources: &LinuxContainerResources,
         overhead: Option<&LinuxContainerResources>,
     ) -> Result<(), Status> {
-        let has_pod_cgroup =
-            (metadata.config.linux.as_ref()).is_some_and(|l| !l.cgroup_parent.is_empty());
-        let Some(layout) = self.host.cgroups.clone().filter(|_| has_pod_cgroup) else {
+        let cgroup_parent =
+            (metadata.config.linux.as_ref()).map_or("", |l| l.cgroup_parent.as_str());
+        let (Some(layout), Some(pod_cgroup)) = (
+            self.host.cgroups.clone(),
+            own_pod_cgroup(cgroup_parent, &metadata.cgroups_path),
+        ) else {
             return Ok(());
         };
-        let pod_cgroup: PathBuf = parent_of(&metadata.cgroups_path);
         let limits = pod_limits(resources, overhead);
         tokio::task::spawn_blocking(move || layout.apply_limits(&pod_cgroup, &limits))
             .await
@@ -74,6 +76,14 @@ impl CriService {
                 }
             })
     }
+}
+
+/// The pod's own cgroup: the parent of its cgroups path, where kubelet gave one and it is
+/// not the host's root (a pod placed at `/` has no cgroup of its own, and crius never sets
+/// the node's limits).
+fn own_pod_cgroup(cgroup_parent: &str, cgroups_path: &str) -> Option<PathBuf> {
+    let cgroup = parent_of(cgroups_path);
+    (!cgroup_parent.is_empty() && cgroup != std::path::Path::new("/")).then_some(cgroup)
 }
 
 /// The request's resources and overhead (those it sets) in the pod's config.
@@ -123,6 +133,17 @@ pub(crate) fn check_pod_resources(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_pod_cgroup_below_the_root_is_the_pods_own() {
+        assert_eq!(
+            own_pod_cgroup("/kubepods/pod1", "/kubepods/pod1/abc"),
+            Some(PathBuf::from("/kubepods/pod1"))
+        );
+        assert_eq!(own_pod_cgroup("/", "/abc"), None, "the host's root");
+        assert_eq!(own_pod_cgroup("-.slice", "-.slice:crius:abc"), None);
+        assert_eq!(own_pod_cgroup("", "/abc"), None, "no parent given");
+    }
 
     #[test]
     fn overhead_adds_to_the_pod_limits_and_zero_stays_unset() {
