@@ -553,6 +553,44 @@ impl Containerd {
         Ok(())
     }
 
+    /// Commits the active snapshot `key`, prepared without a parent, as `name` on the
+    /// committed snapshot `parent`: one call where otherwise a snapshot is prepared on the
+    /// parent, the files moved into it and that committed. Only for a snapshotter that
+    /// [can rebase](super::Containerd::snapshotter_can_rebase): an older containerd
+    /// ignores the parent and commits the snapshot without one.
+    pub async fn commit_snapshot_onto(
+        &self,
+        snapshotter: &str,
+        name: &str,
+        key: &str,
+        parent: &str,
+        lease: Option<&str>,
+    ) -> Result<(), ContainerdError> {
+        let request = CommitOntoParentRequest {
+            snapshotter: snapshotter.to_string(),
+            name: name.to_string(),
+            key: key.to_string(),
+            labels: HashMap::new(),
+            parent: parent.to_string(),
+        };
+        let mut grpc = tonic::client::Grpc::new(self.namespaced());
+        grpc.ready().await.map_err(|e| ContainerdError::Rpc {
+            op: "commit snapshot",
+            status: tonic::Status::unavailable(format!("containerd not ready: {e}")),
+        })?;
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/containerd.services.snapshots.v1.Snapshots/Commit",
+        );
+        grpc.unary::<_, (), _>(
+            leased(request, lease),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .map_err(ContainerdError::rpc("commit snapshot"))?;
+        Ok(())
+    }
+
     /// Bytes and inodes a snapshot uses; `None` when it does not exist.
     pub async fn snapshot_usage(
         &self,
@@ -840,6 +878,22 @@ impl ContentWriter {
             }
         }
     }
+}
+
+/// containerd's `CommitSnapshotRequest` as of 2.2, with the `parent` (field 5) that the
+/// generated client of containerd-client 0.9 predates.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CommitOntoParentRequest {
+    #[prost(string, tag = "1")]
+    snapshotter: String,
+    #[prost(string, tag = "2")]
+    name: String,
+    #[prost(string, tag = "3")]
+    key: String,
+    #[prost(map = "string, string", tag = "4")]
+    labels: HashMap<String, String>,
+    #[prost(string, tag = "5")]
+    parent: String,
 }
 
 /// containerd's refusal, at the commit, of bytes that are not the blob (`unexpected commit

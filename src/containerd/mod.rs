@@ -218,6 +218,24 @@ impl Containerd {
             .as_deref()
     }
 
+    /// Whether the snapshotter `name` takes a parent at the commit of a snapshot prepared
+    /// without one (containerd 2.2+'s "rebase" capability, which its parallel unpack
+    /// uses). Asked each time: containerd may have been replaced since.
+    pub async fn snapshotter_can_rebase(&self, name: &str) -> bool {
+        let Ok(resp) = self
+            .introspection()
+            .plugins(PluginsRequest {
+                filters: vec!["type==io.containerd.snapshotter.v1".to_string()],
+            })
+            .await
+        else {
+            return false;
+        };
+        (resp.into_inner().plugins.iter())
+            .find(|p| p.id == name)
+            .is_some_and(|p| p.capabilities.iter().any(|c| c == "rebase"))
+    }
+
     /// Fails unless containerd serves the snapshotter `name` and it initialised.
     pub async fn check_snapshotter(&self, name: &str) -> Result<(), ContainerdError> {
         let plugins = self

@@ -25,7 +25,9 @@ use super::auth::{Credentials, CredentialsError};
 use super::hosts::{self, HostsError};
 use super::load::ImageDocuments;
 use super::registry::{HttpClients, RegistryError, Resolved, Session};
-use super::unpack::{Staged, finish_staged, stage_layer, to_containerd, unpack_layer};
+use super::unpack::{
+    Staged, finish_staged, rebase_staged, stage_layer, to_containerd, unpack_layer,
+};
 use crate::config::RegistryConfig;
 use crate::containerd::content::WriteError;
 use crate::containerd::{Containerd, ContainerdError};
@@ -525,9 +527,26 @@ impl ImagePuller {
         if let Some(image) = present {
             return Ok(image);
         }
-        let docs = tokio::select! {
-            docs = fetch_documents(&session, resolved, progress) => docs?,
-            why = stop.clone() => return Err(why.into()),
+        // The pull's lease is made while the documents come (a stop cuts the fetch short,
+        // never the lease's creation, which is then undone).
+        let lease = format!("crius-pull-{:016x}", rand::random::<u64>());
+        let docs = async {
+            tokio::select! {
+                docs = fetch_documents(&session, resolved, progress) => docs,
+                why = stop.clone() => Err(why.into()),
+            }
+        };
+        let (docs, leased) =
+            futures::future::join(docs, self.containerd.create_lease(&lease, LEASE_EXPIRY)).await;
+        let docs = match (docs, leased) {
+            (Ok(docs), Ok(())) => docs,
+            (Err(e), leased) => {
+                if leased.is_ok() {
+                    self.forget_lease(&lease).await;
+                }
+                return Err(e);
+            }
+            (Ok(_), Err(e)) => return Err(e.into()),
         };
         let promised = docs
             .manifest
@@ -543,8 +562,6 @@ impl ImagePuller {
             "documents fetched"
         );
 
-        let lease = format!("crius-pull-{:016x}", rand::random::<u64>());
-        self.containerd.create_lease(&lease, LEASE_EXPIRY).await?;
         // Stopping drops the writes in flight; the lease below still goes, with its content.
         let written = tokio::select! {
             written = self.write_image(&session, reference, &docs, snapshotter, &lease, progress) => written,
@@ -555,6 +572,13 @@ impl ImagePuller {
             tracing::warn!(%lease, error = %e, "failed to delete pull lease; it expires by itself");
         }
         written
+    }
+
+    /// Deletes a pull's lease that nothing was written under.
+    async fn forget_lease(&self, lease: &str) {
+        if let Err(e) = self.containerd.delete_lease(lease, false).await {
+            tracing::warn!(%lease, error = %e, "failed to delete pull lease; it expires by itself");
+        }
     }
 
     /// The image `resolved` names when it is pulled and unpacked already, as containerd's
@@ -622,32 +646,13 @@ impl ImagePuller {
         progress: &Arc<Progress>,
     ) -> Result<Image, PullError> {
         let chain = chain_ids(&docs.config.rootfs.diff_ids);
-        self.fetch_and_unpack_layers(session, docs, &chain, snapshotter, lease, progress)
-            .await?;
-        crate::failpoint::hit("pull_after_unpack").await?;
-
-        let snapshot_label = format!("containerd.io/gc.ref.snapshot.{snapshotter}");
-        let top_chain = chain.last().cloned().unwrap_or_default();
-        let config_labels = HashMap::from([(snapshot_label, top_chain)]);
-        // Under the pull's lease, in any order.
+        // The documents go in while the layers download: each is a write to containerd's
+        // database that would otherwise wait behind the last layer's.
         futures::try_join!(
-            self.put_document(
-                lease,
-                &docs.manifest.config,
-                &docs.config_bytes,
-                config_labels,
-            ),
-            self.put_document(
-                lease,
-                &docs.manifest_desc,
-                &docs.manifest_bytes,
-                manifest_gc_labels(&docs.manifest),
-            ),
+            self.fetch_and_unpack_layers(session, docs, &chain, snapshotter, lease, progress),
+            self.put_documents(docs, &chain, snapshotter, lease),
         )?;
-        if let Some((index_desc, index_bytes, index)) = &docs.index {
-            self.put_document(lease, index_desc, index_bytes, index_gc_labels(index))
-                .await?;
-        }
+        crate::failpoint::hit("pull_after_unpack").await?;
 
         let image_id = docs.manifest.config.digest.clone();
         let mut names: BTreeSet<String> = BTreeSet::new();
@@ -691,7 +696,8 @@ impl ImagePuller {
 
     /// Downloads the layers concurrently and applies each once it is in, up to
     /// `max_unpacks` at a time: the first onto nothing, the others into staging snapshots
-    /// (overlayfs), each made the snapshot on its parent, in order, once that is committed.
+    /// (overlayfs), each made the snapshot on its parent, in order, once that is committed
+    /// (in one commit where the snapshotter rebases).
     /// Other snapshotters apply the layers one after another, in order.
     async fn fetch_and_unpack_layers(
         &self,
@@ -730,6 +736,11 @@ impl ImagePuller {
             })
             .collect();
 
+        // Asked while the first layers download.
+        let rebase = layers.len() > 1
+            && self.max_unpacks > 1
+            && self.containerd.snapshotter_can_rebase(snapshotter).await;
+        tracing::debug!(rebase, "staged layers are committed onto their parents");
         let mut parent = String::new();
         for (i, pending) in pending.into_iter().enumerate() {
             let staged = match pending {
@@ -744,6 +755,17 @@ impl ImagePuller {
             let (layer, diff_id) = (&layers[i], &docs.config.rootfs.diff_ids[i]);
             match staged {
                 Staged::Present => {}
+                Staged::Ready(staged) if rebase => {
+                    rebase_staged(
+                        &self.containerd,
+                        snapshotter,
+                        lease,
+                        &staged,
+                        &chain[i],
+                        &parent,
+                    )
+                    .await?
+                }
                 Staged::Ready(staged) => {
                     finish_staged(
                         &self.containerd,
@@ -815,6 +837,45 @@ impl ImagePuller {
                 }))
             })
             .collect()
+    }
+
+    /// Stores the image's config, manifest and index under the pull's lease, each with
+    /// the GC labels that keep what it references (the config: the top snapshot).
+    async fn put_documents(
+        &self,
+        docs: &Documents,
+        chain: &[String],
+        snapshotter: &str,
+        lease: &str,
+    ) -> Result<(), PullError> {
+        let snapshot_label = format!("containerd.io/gc.ref.snapshot.{snapshotter}");
+        let top_chain = chain.last().cloned().unwrap_or_default();
+        let config_labels = HashMap::from([(snapshot_label, top_chain)]);
+        let index = async {
+            match &docs.index {
+                Some((desc, bytes, index)) => {
+                    self.put_document(lease, desc, bytes, index_gc_labels(index))
+                        .await
+                }
+                None => Ok(()),
+            }
+        };
+        futures::try_join!(
+            self.put_document(
+                lease,
+                &docs.manifest.config,
+                &docs.config_bytes,
+                config_labels,
+            ),
+            self.put_document(
+                lease,
+                &docs.manifest_desc,
+                &docs.manifest_bytes,
+                manifest_gc_labels(&docs.manifest),
+            ),
+            index,
+        )?;
+        Ok(())
     }
 
     /// Stores a small document (manifest, index, config) with its GC labels.

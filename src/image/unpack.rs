@@ -6,8 +6,10 @@
 //! snapshot, handed to the diff service as an overlay upper directory so that whiteouts
 //! become overlay whiteouts; once the parent is committed, the staged directory becomes the
 //! upper directory of the real snapshot on the parent, which is committed under the chain
-//! ID. containerd 2.2+ does that last move in the snapshotter (a commit with a parent);
-//! beside 1.6 and 2.1 crius renames the directory, as both snapshots are still active.
+//! ID. containerd 2.2+ can do that last move in the snapshotter (a commit with a parent,
+//! its overlayfs's "rebase" capability): there crius commits the staged snapshot onto its
+//! parent in one call; beside 1.6 and 2.1 it renames the directory, as both snapshots are
+//! still active.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -227,6 +229,34 @@ pub async fn finish_staged(
         });
     }
     commit_extracted(containerd, snapshotter, lease, &key, chain_id).await
+}
+
+/// Commits the staged layer as the snapshot `chain_id` on `parent` (committed by now) in
+/// one call, for a snapshotter that rebases at the commit (containerd 2.2+'s overlayfs):
+/// what [`finish_staged`] does in three.
+pub async fn rebase_staged(
+    containerd: &Containerd,
+    snapshotter: &str,
+    lease: &str,
+    staged: &StagedDir,
+    chain_id: &str,
+    parent: &str,
+) -> Result<(), UnpackError> {
+    match containerd
+        .commit_snapshot_onto(snapshotter, chain_id, &staged.key, parent, Some(lease))
+        .await
+    {
+        Ok(()) => Ok(()),
+        // Unpacked concurrently by another pull: theirs is as good as ours.
+        Err(e) if e.is_already_exists() => {
+            let _ = containerd.remove_snapshot(snapshotter, &staged.key).await;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = containerd.remove_snapshot(snapshotter, &staged.key).await;
+            Err(e.into())
+        }
+    }
 }
 
 /// The directory of a parentless overlayfs snapshot (a bind mount of its `fs`), with the
