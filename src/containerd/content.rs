@@ -328,9 +328,23 @@ impl Containerd {
         data: Bytes,
         labels: HashMap<String, String>,
     ) -> Result<(), WriteError<std::convert::Infallible>> {
+        const LOCKED_WAIT: Duration = Duration::from_millis(20);
+        const LOCKED_TRIES: u32 = 500;
         let ingest = format!("crius-{digest}");
         let size = data.len() as i64;
-        match self.open_writer(lease, &ingest, digest, size).await? {
+        let mut tries = 0;
+        // Another pull of the same image may be writing the same document: once it is
+        // done, this one finds the blob there and only sets the labels.
+        let opened = loop {
+            match self.open_writer(lease, &ingest, digest, size).await {
+                Err(e) if e.is_locked() && tries < LOCKED_TRIES => {
+                    tries += 1;
+                    tokio::time::sleep(LOCKED_WAIT).await;
+                }
+                opened => break opened?,
+            }
+        };
+        match opened {
             None => Ok(self.set_content_labels(digest, labels).await?),
             Some(writer) if writer.is_complete() => Ok(writer.commit(labels).await?),
             Some(writer) => {
@@ -445,6 +459,31 @@ impl Containerd {
         {
             Ok(_) => Ok(true),
             Err(status) if status.code() == Code::NotFound => Ok(false),
+            Err(status) => Err(ContainerdError::Rpc {
+                op: "stat snapshot",
+                status,
+            }),
+        }
+    }
+
+    /// The parent of the snapshot `key` ("" for none); `None` when it does not exist.
+    pub async fn snapshot_parent(
+        &self,
+        snapshotter: &str,
+        key: &str,
+    ) -> Result<Option<String>, ContainerdError> {
+        match self
+            .snapshots()
+            .stat(StatSnapshotRequest {
+                snapshotter: snapshotter.to_string(),
+                key: key.to_string(),
+            })
+            .await
+        {
+            Ok(resp) => Ok(Some(
+                resp.into_inner().info.map(|i| i.parent).unwrap_or_default(),
+            )),
+            Err(status) if status.code() == Code::NotFound => Ok(None),
             Err(status) => Err(ContainerdError::Rpc {
                 op: "stat snapshot",
                 status,

@@ -222,14 +222,18 @@ impl Containerd {
     /// without one (containerd 2.2+'s "rebase" capability, which its parallel unpack
     /// uses). Asked each time: containerd may have been replaced since.
     pub async fn snapshotter_can_rebase(&self, name: &str) -> bool {
-        let Ok(resp) = self
+        let resp = match self
             .introspection()
             .plugins(PluginsRequest {
                 filters: vec!["type==io.containerd.snapshotter.v1".to_string()],
             })
             .await
-        else {
-            return false;
+        {
+            Ok(resp) => resp,
+            Err(status) => {
+                tracing::debug!(error = %status, "cannot list containerd's snapshotters; not rebasing");
+                return false;
+            }
         };
         (resp.into_inner().plugins.iter())
             .find(|p| p.id == name)

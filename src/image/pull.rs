@@ -118,7 +118,8 @@ impl PullError {
             Self::Unpack(
                 super::unpack::UnpackError::Containerd(_)
                 | super::unpack::UnpackError::Failpoint(_)
-                | super::unpack::UnpackError::MoveStaged { .. },
+                | super::unpack::UnpackError::MoveStaged { .. }
+                | super::unpack::UnpackError::NotRebased { .. },
             ) => Code::Internal,
             Self::Unpack(super::unpack::UnpackError::DiffIdMismatch { .. }) => Code::DataLoss,
         }
@@ -736,11 +737,15 @@ impl ImagePuller {
             })
             .collect();
 
-        // Asked while the first layers download.
-        let rebase = layers.len() > 1
-            && self.max_unpacks > 1
-            && self.containerd.snapshotter_can_rebase(snapshotter).await;
-        tracing::debug!(rebase, "staged layers are committed onto their parents");
+        // Asked while the first layers download, where layers are staged at all.
+        let stages = layers.len() > 1 && self.max_unpacks > 1 && snapshotter == "overlayfs";
+        let rebase = stages && self.containerd.snapshotter_can_rebase(snapshotter).await;
+        if stages {
+            tracing::debug!(
+                rebase,
+                "staged layers are committed onto their parents by the snapshotter (rebase) or moved"
+            );
+        }
         let mut parent = String::new();
         for (i, pending) in pending.into_iter().enumerate() {
             let staged = match pending {

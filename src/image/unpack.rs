@@ -31,6 +31,14 @@ pub enum UnpackError {
         layer: String,
         source: std::io::Error,
     },
+    #[error(
+        "containerd committed the layer {chain_id} onto {found:?}, not onto {parent}: its snapshotter no longer rebases"
+    )]
+    NotRebased {
+        chain_id: String,
+        parent: String,
+        found: Option<String>,
+    },
     #[error("layer {layer} unpacked to {actual} but the config says {expected}")]
     DiffIdMismatch {
         layer: String,
@@ -246,7 +254,7 @@ pub async fn rebase_staged(
         .commit_snapshot_onto(snapshotter, chain_id, &staged.key, parent, Some(lease))
         .await
     {
-        Ok(()) => Ok(()),
+        Ok(()) => check_rebased(containerd, snapshotter, chain_id, parent).await,
         // Unpacked concurrently by another pull: theirs is as good as ours.
         Err(e) if e.is_already_exists() => {
             let _ = containerd.remove_snapshot(snapshotter, &staged.key).await;
@@ -257,6 +265,29 @@ pub async fn rebase_staged(
             Err(e.into())
         }
     }
+}
+
+/// Checks that the snapshot committed onto `parent` has it: a containerd that does not know
+/// the commit's parent (replaced by an older one since it was asked) commits the layer
+/// without it, a snapshot that would look complete and is not. Such a one is removed.
+async fn check_rebased(
+    containerd: &Containerd,
+    snapshotter: &str,
+    chain_id: &str,
+    parent: &str,
+) -> Result<(), UnpackError> {
+    let found = containerd.snapshot_parent(snapshotter, chain_id).await?;
+    if found.as_deref() == Some(parent) {
+        return Ok(());
+    }
+    if found.is_some() {
+        let _ = containerd.remove_snapshot(snapshotter, chain_id).await;
+    }
+    Err(UnpackError::NotRebased {
+        chain_id: chain_id.to_string(),
+        parent: parent.to_string(),
+        found,
+    })
 }
 
 /// The directory of a parentless overlayfs snapshot (a bind mount of its `fs`), with the
