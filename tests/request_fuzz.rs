@@ -2135,19 +2135,44 @@ impl Fuzzer {
 impl Fuzzer {
     /// Stops and removes every pod the fuzzer made or crius lists (also those whose creation
     /// the fuzzer thinks failed); returns what went wrong.
+    /// Stops and removes every pod the fuzzer made and every pod crius lists, as kubelet's
+    /// relists do, until crius has listed none for a while: a RunPodSandbox whose impatient
+    /// client gave up may still finish after the first list.
     async fn remove_everything(&mut self) -> Vec<String> {
+        const QUIET: Duration = Duration::from_secs(3);
+        let started = Instant::now();
         let mut errors = Vec::new();
         let mut ids: BTreeSet<String> = self.pods.iter().map(|p| p.id.clone()).collect();
-        match self
-            .client
-            .runtime
-            .list_pod_sandbox(with_deadline(ListPodSandboxRequest::default()))
-            .await
-        {
-            Ok(listed) => ids.extend(listed.into_inner().items.into_iter().map(|p| p.id)),
-            Err(e) => errors.push(format!("ListPodSandbox: {e:?}")),
+        let mut removed = BTreeSet::new();
+        let mut last_seen = Instant::now();
+        loop {
+            match self
+                .client
+                .runtime
+                .list_pod_sandbox(with_deadline(ListPodSandboxRequest::default()))
+                .await
+            {
+                Ok(listed) => ids.extend(listed.into_inner().items.into_iter().map(|p| p.id)),
+                Err(e) => errors.push(format!("ListPodSandbox: {e:?}")),
+            }
+            let fresh: Vec<String> = ids.difference(&removed).cloned().collect();
+            if fresh.is_empty() {
+                if last_seen.elapsed() >= QUIET || started.elapsed() >= SETTLE {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            last_seen = Instant::now();
+            errors.extend(self.remove_pods(&fresh).await);
+            removed.extend(fresh);
         }
-        for id in &ids {
+        errors
+    }
+
+    async fn remove_pods(&mut self, ids: &[String]) -> Vec<String> {
+        let mut errors = Vec::new();
+        for id in ids {
             let mut stop = with_deadline(StopPodSandboxRequest {
                 pod_sandbox_id: id.clone(),
             });
