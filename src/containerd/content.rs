@@ -449,21 +449,7 @@ impl Containerd {
         snapshotter: &str,
         key: &str,
     ) -> Result<bool, ContainerdError> {
-        match self
-            .snapshots()
-            .stat(StatSnapshotRequest {
-                snapshotter: snapshotter.to_string(),
-                key: key.to_string(),
-            })
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(status) if status.code() == Code::NotFound => Ok(false),
-            Err(status) => Err(ContainerdError::Rpc {
-                op: "stat snapshot",
-                status,
-            }),
-        }
+        Ok(self.snapshot_parent(snapshotter, key).await?.is_some())
     }
 
     /// The parent of the snapshot `key` ("" for none); `None` when it does not exist.
