@@ -805,6 +805,12 @@ async fn a_layer_whose_bytes_are_not_its_digest_is_refused_and_leaves_nothing() 
     );
     let content = crius.ctr(&["content", "ls", "-q"]);
     assert!(!content.contains(LAYER_DIGEST_LIE), "{content}");
+    // Nor did its bytes get the blob's name in containerd's store, recorded or not.
+    let hex = LAYER_DIGEST_LIE.trim_start_matches("sha256:");
+    let named = (crius.config.containerd.root)
+        .join("io.containerd.content.v1.content/blobs/sha256")
+        .join(hex);
+    assert!(!named.exists(), "{} exists", named.display());
     let leases = crius.ctr(&["leases", "ls", "-q"]);
     assert!(!leases.contains("crius-"), "{leases}");
 }

@@ -5,6 +5,8 @@
 mod common;
 
 use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::registry_push::{push_image, push_random_image, random_layer};
@@ -152,6 +154,27 @@ async fn a_big_layer_written_into_containerds_ingest_is_committed_whole() {
     );
     let ingests = crius.ctr(&["content", "active"]);
     assert!(!ingests.contains("crius-layer"), "{ingests}");
+    // crius named the checked blob in containerd's store itself, read-only as containerd
+    // keeps its blobs, and removed the ingest's directory containerd left behind.
+    assert!(
+        crius
+            .log()
+            .lines()
+            .any(|l| l.contains("blob written in place and committed")
+                && l.contains(&layer_digest)
+                && l.contains("published=true")),
+        "{}",
+        crius.log()
+    );
+    let mode = std::fs::metadata(blob_path(&crius, &layer_digest))
+        .expect("the layer's blob")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o333, 0, "blob mode {mode:o}");
+    assert_eq!(
+        ingest_dirs_naming(&crius, &layer_digest),
+        Vec::<PathBuf>::new()
+    );
     client
         .image
         .remove_image(RemoveImageRequest {
@@ -162,6 +185,79 @@ async fn a_big_layer_written_into_containerds_ingest_is_committed_whole() {
         })
         .await
         .expect("remove");
+}
+
+/// Where containerd's local content store keeps the blob `digest`.
+fn blob_path(crius: &Crius, digest: &str) -> PathBuf {
+    let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+    content_root(crius).join("blobs/sha256").join(hex)
+}
+
+fn content_root(crius: &Crius) -> PathBuf {
+    crius
+        .config
+        .containerd
+        .root
+        .join("io.containerd.content.v1.content")
+}
+
+/// The ingest directories of containerd's local content store whose key names `digest`.
+fn ingest_dirs_naming(crius: &Crius, digest: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(content_root(crius).join("ingest")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|dir| {
+            std::fs::read_to_string(dir.join("ref")).is_ok_and(|key| key.contains(digest))
+        })
+        .collect()
+}
+
+/// A blob crius named in containerd's store and containerd's collection removed before the
+/// commit recorded it (as it removes any blob recorded nowhere): containerd reads the
+/// ingest's file back instead, and the pull gets the same blob.
+#[tokio::test]
+async fn a_named_blob_collected_before_its_commit_is_read_back_from_the_ingest() {
+    use sha2::{Digest, Sha256};
+    let registry = Testbed::from_env().registry;
+    let crius = Crius::start_with_failpoints("blob_published=sleep(3000)").await;
+    let mut client = crius.client().await;
+    let layer = random_layer();
+    let layer_digest = format!("sha256:{:x}", Sha256::digest(&layer));
+    let image = format!(
+        "{registry}/{}",
+        push_image(&registry, std::slice::from_ref(&layer)).await
+    );
+    let pulling = {
+        let (mut client, image) = (client.clone(), image.clone());
+        tokio::spawn(async move { pull(&mut client, &image).await })
+    };
+    // (Reached only once the blob is named in the store.)
+    wait_for_failpoint(&crius, "blob_published").await;
+    assert!(
+        !content_digests(&crius).contains(&layer_digest),
+        "recorded before the commit"
+    );
+    // A collection of a test running beside this one may have removed it already.
+    let blob = blob_path(&crius, &layer_digest);
+    match std::fs::remove_file(&blob) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("remove {}: {e}", blob.display()),
+    }
+    pulling.await.unwrap().expect("pull");
+    assert!(content_digests(&crius).contains(&layer_digest));
+    assert!(
+        std::fs::read(&blob).unwrap() == layer,
+        "containerd holds other bytes than the layer's"
+    );
+    assert_eq!(
+        ingest_dirs_naming(&crius, &layer_digest),
+        Vec::<PathBuf>::new()
+    );
+    remove(&mut client, &image).await;
 }
 
 #[tokio::test]

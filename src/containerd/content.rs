@@ -840,10 +840,13 @@ impl ContentWriter {
     }
 
     /// Writes the blob into the ingest's data file while this writer holds the ingest's
-    /// lock, lets go of the writer, and opens it again: containerd re-reads the file,
-    /// hashing it, finds it complete, and checks digest and size at the commit as for
-    /// bytes it received itself. crius does not hash the bytes too: containerd's check is
-    /// the one that counts, and its refusal is reported as a mismatch.
+    /// lock, hashing it on the way. Bytes of the blob's digest and size are then given their
+    /// name in the store's `blobs/` (synced, read-only, as containerd's own commit leaves a
+    /// blob), the writer is let go of and opened again: containerd's "shared" content policy
+    /// (its default) finds the blob there and the commit only records it. Where it does not
+    /// (an "isolated" policy, a collection that removed the unrecorded blob meanwhile),
+    /// containerd reads the ingest's file back instead, hashing it, and checks it at the
+    /// commit as bytes it received itself. Bytes that are not the blob never get a name.
     async fn write_in_place<S, E>(
         self,
         file: IngestFile,
@@ -868,12 +871,19 @@ impl ContentWriter {
         } = self;
         let started = std::time::Instant::now();
         let mut sink = FileSink::new(out);
-        let sent = copy_blob(data, &mut sink, size, None, progress).await;
+        let mut sent = copy_blob(data, &mut sink, size, None, progress).await;
         let written = match sink.finish().await {
-            Ok(()) => sent.check(&digest, size),
+            Ok((out, actual)) => {
+                sent.actual = Some(actual);
+                sent.check(&digest, size).map(|()| out)
+            }
             Err(e) => Err(file.error(e).into()),
         };
         let copied = started.elapsed();
+        let (written, published) = match written {
+            Ok(out) => (Ok(()), file.publish(out, &digest).await),
+            Err(e) => (Err(e), None),
+        };
         // Ending the stream closes containerd's writer and unlocks the ingest.
         drop(tx);
         while let Some(resp) = responses.next().await {
@@ -885,11 +895,22 @@ impl ContentWriter {
             containerd.abort_ingest(&ingest_ref).await;
             return Err(e);
         }
+        // Where containerd's collection could remove the blob, recorded nowhere yet.
+        if published.is_some()
+            && let Err(e) = crate::failpoint::hit("blob_published").await
+        {
+            containerd.abort_ingest(&ingest_ref).await;
+            return Err(rpc_write(tonic::Status::internal(e.to_string())).into());
+        }
         let closed = started.elapsed();
         match commit_written(&containerd, &lease, &ingest_ref, &digest, size, labels).await {
             Ok(()) => {
+                if let Some(published) = &published {
+                    file.after_commit(published).await;
+                }
                 tracing::debug!(
                     ingest = %ingest_ref,
+                    published = published.is_some(),
                     copy_ms = copied.as_millis() as u64,
                     close_ms = (closed - copied).as_millis() as u64,
                     commit_ms = (started.elapsed() - closed).as_millis() as u64,
@@ -999,13 +1020,26 @@ async fn commit_written(
 /// already there reads it back through the digest (containerd's own resume path).
 pub struct IngestFile {
     data: PathBuf,
+    /// `<root>/blobs/sha256`: the store keeps a committed SHA-256 blob there under the hex
+    /// of its digest.
+    blobs: PathBuf,
+}
+
+/// A blob crius gave its name in the store: the file (device, inode) and whether crius made
+/// the name (or found it taken).
+pub struct Published {
+    file: (u64, u64),
+    name: String,
+    linked: bool,
 }
 
 impl IngestFile {
     /// The data file of `ingest_ref` in crius's namespace, if exactly one ingest directory
     /// holds its key (none when containerd's content store is not a local one crius sees).
     async fn find(containerd: &Containerd, ingest_ref: &str) -> Option<Self> {
-        let root = containerd.content_root().await?.join("ingest");
+        let content_root = containerd.content_root().await?;
+        let root = content_root.join("ingest");
+        let blobs_dir = content_root.join("blobs").join("sha256");
         let prefix = format!("{}/", containerd.namespace());
         let suffix = format!("/{ingest_ref}");
         tokio::task::spawn_blocking(move || {
@@ -1021,7 +1055,10 @@ impl IngestFile {
                     found = Some(entry.path().join("data"));
                 }
             }
-            found.map(|data| Self { data })
+            found.map(|data| Self {
+                data,
+                blobs: blobs_dir,
+            })
         })
         .await
         .ok()
@@ -1038,12 +1075,79 @@ impl IngestFile {
         Ok(file.into_std().await)
     }
 
+    /// Gives the written, checked blob its name in the store (see
+    /// [`crate::sys::fsutil::link_durably`]); `None`, logged, when it cannot (the commit then
+    /// reads the ingest's file back).
+    async fn publish(&self, out: Arc<std::fs::File>, digest: &str) -> Option<Published> {
+        let name = blob_name(digest)?.to_string();
+        let blobs = self.blobs.clone();
+        let linked = tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::MetadataExt;
+            let meta = out.metadata()?;
+            let linked = crate::sys::fsutil::link_durably(&out, &blobs, &name)?;
+            Ok::<_, std::io::Error>(Published {
+                file: (meta.dev(), meta.ino()),
+                name,
+                linked,
+            })
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        match linked {
+            Ok(published) => Some(published),
+            Err(e) => {
+                tracing::debug!(path = %self.data.display(), error = %e, "cannot name the blob in the store; containerd reads it back");
+                None
+            }
+        }
+    }
+
+    /// After the commit of a published blob: the ingest's directory, which containerd's
+    /// commit of a blob it found in the store leaves behind, is removed (while it still
+    /// holds this blob; its collection would remove it later); and the blob gets fs-verity
+    /// where the filesystem has it, as containerd's own commit does (only now: a file with
+    /// it can no longer be opened for writing, which reading it back would need).
+    async fn after_commit(&self, published: &Published) {
+        let (Some(dir), file) = (self.data.parent().map(PathBuf::from), published.file) else {
+            return;
+        };
+        let blob = published.linked.then(|| self.blobs.join(&published.name));
+        let done = tokio::task::spawn_blocking(move || {
+            let removed = crate::sys::fsutil::remove_dir_holding(&dir, "data", file);
+            let verity = blob.map(|blob| crate::sys::fsutil::enable_verity(&blob));
+            (removed, verity)
+        })
+        .await;
+        let Ok((removed, verity)) = done else {
+            return;
+        };
+        if let Err(e) = removed {
+            tracing::debug!(path = %self.data.display(), error = %e, "cannot remove the ingest left behind");
+        }
+        if let Some(Err(e)) = verity
+            && !matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY))
+        {
+            tracing::debug!(blob = %published.name, error = %e, "cannot turn fs-verity on");
+        }
+    }
+
     fn error(&self, source: std::io::Error) -> ContainerdError {
         ContainerdError::Ingest {
             path: self.data.clone(),
             source,
         }
     }
+}
+
+/// A blob's name in the store: the hex of a `sha256:` digest, 64 lower-case hex digits
+/// (anything else gets none).
+fn blob_name(digest: &str) -> Option<&str> {
+    digest.strip_prefix("sha256:").filter(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// An ingest's key, read from its `ref` file: at most [`MAX_INGEST_KEY`] bytes (a longer file
@@ -1140,7 +1244,9 @@ impl BlobSink for StreamSink<'_> {
 /// it (and, on ext4, for every other layer written meanwhile).
 struct FileSink {
     out: Arc<std::fs::File>,
-    in_flight: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    in_flight: Option<tokio::task::JoinHandle<(std::io::Result<()>, Sha256)>>,
+    /// The hash of what was written so far (with the write in flight, while it is away).
+    hasher: Option<Sha256>,
     error: Option<std::io::Error>,
 }
 
@@ -1149,6 +1255,7 @@ impl FileSink {
         Self {
             out: Arc::new(out),
             in_flight: None,
+            hasher: Some(Sha256::new()),
             error: None,
         }
     }
@@ -1156,20 +1263,32 @@ impl FileSink {
     /// Waits for the write in flight; false once any write failed.
     async fn settle(&mut self) -> bool {
         if let Some(write) = self.in_flight.take() {
-            let done = write
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-            if let Err(e) = done {
-                self.error.get_or_insert(e);
+            match write.await {
+                Ok((done, hasher)) => {
+                    self.hasher = Some(hasher);
+                    if let Err(e) = done {
+                        self.error.get_or_insert(e);
+                    }
+                }
+                Err(e) => {
+                    self.error.get_or_insert(std::io::Error::other(e));
+                }
             }
         }
         self.error.is_none()
     }
 
-    /// Waits for the last write and reports the first error.
-    async fn finish(mut self) -> std::io::Result<()> {
+    /// Waits for the last write; the file and the digest of all that was written, or the
+    /// first error.
+    async fn finish(mut self) -> std::io::Result<(Arc<std::fs::File>, String)> {
         self.settle().await;
-        self.error.map_or(Ok(()), Err)
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let hasher = self
+            .hasher
+            .ok_or_else(|| std::io::Error::other("hash lost"))?;
+        Ok((self.out, format!("sha256:{:x}", hasher.finalize())))
     }
 }
 
@@ -1183,11 +1302,19 @@ impl BlobSink for FileSink {
             return false;
         };
         let out = Arc::clone(&self.out);
+        let Some(mut hasher) = self.hasher.take() else {
+            self.error = Some(std::io::Error::other("hash lost"));
+            return false;
+        };
+        // Hashed here, off the task that receives the next chunk meanwhile.
         self.in_flight = Some(tokio::task::spawn_blocking(move || {
-            out.write_all_at(&data, offset)?;
-            // Only a head start: the commit's sync writes whatever this did not.
-            let _ = crate::sys::fsutil::start_writeback(&out, offset, data.len() as u64);
-            Ok(())
+            let written = out.write_all_at(&data, offset);
+            if written.is_ok() {
+                hasher.update(&data);
+                // Only a head start: the sync before the blob is published writes the rest.
+                let _ = crate::sys::fsutil::start_writeback(&out, offset, data.len() as u64);
+            }
+            (written, hasher)
         }));
         true
     }
@@ -1311,11 +1438,27 @@ mod tests {
             |_| {},
         )
         .await;
-        sink.finish().await.unwrap();
-        assert!(sent.actual.is_none(), "not hashed");
+        let (_, written) = sink.finish().await.unwrap();
+        assert!(sent.actual.is_none(), "not hashed by the copy");
+        assert_eq!(written, sha256(&expected), "the sink hashes what it wrote");
         let size = expected.len() as i64;
         sent.check(&sha256(b"anything"), size).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
+
+    #[test]
+    fn only_a_well_formed_sha256_digest_names_a_blob() {
+        let hex = "a".repeat(64);
+        assert_eq!(blob_name(&format!("sha256:{hex}")), Some(hex.as_str()));
+        for bad in [
+            format!("sha512:{hex}"),
+            format!("sha256:{}", "A".repeat(64)),
+            format!("sha256:{}", "a".repeat(63)),
+            format!("sha256:../{}", "a".repeat(61)),
+            hex.clone(),
+        ] {
+            assert_eq!(blob_name(&bad), None, "{bad}");
+        }
     }
 
     #[tokio::test]

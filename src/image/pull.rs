@@ -1125,11 +1125,23 @@ impl LayerDownload {
             "containerd.io/uncompressed".to_string(),
             self.diff_id.clone(),
         )]);
+        // A blob containerd has not got is asked of the registry while its ingest opens;
+        // one it has is only opened (which puts it under the pull's lease), never fetched.
+        let mut early_fetch = match self.containerd.content_info(digest).await {
+            Ok(None) => Some(self.session.fetch_blob(self.endpoint, digest)),
+            Ok(Some(_)) | Err(_) => None,
+        };
         loop {
-            let opened = self
+            let open = self
                 .containerd
-                .open_writer(&self.lease, &ingest, digest, self.layer.size)
-                .await;
+                .open_writer(&self.lease, &ingest, digest, self.layer.size);
+            let (opened, fetched) = match early_fetch.take() {
+                Some(fetch) => {
+                    let (opened, fetched) = futures::future::join(open, fetch).await;
+                    (opened, Some(fetched))
+                }
+                None => (open.await, None),
+            };
             let writer = match opened {
                 Ok(None) => return Ok(()),
                 // Shared from another namespace: no transfer needed.
@@ -1145,7 +1157,10 @@ impl LayerDownload {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let stream = self.session.fetch_blob(self.endpoint, digest).await;
+            let stream = match fetched {
+                Some(fetched) => fetched,
+                None => self.session.fetch_blob(self.endpoint, digest).await,
+            };
             let stream = match stream {
                 Ok(stream) => stream,
                 Err(e) => {

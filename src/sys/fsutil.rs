@@ -170,6 +170,111 @@ pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) -> std::io::
     Ok(())
 }
 
+/// Gives the written `file` a second name, `name` in `dir`, durably: the file's data and the
+/// new entry are on the disk when this returns, and the file is read-only (its mode without
+/// write or execute bits, as containerd's content store keeps its blobs). The link is made
+/// to the open file itself, not to a path that could have been swapped since. `Ok(false)`
+/// when `name` is taken already (that file is left as it is).
+pub fn link_durably(file: &std::fs::File, dir: &Path, name: &str) -> std::io::Result<bool> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    file.sync_all()?;
+    let mode = file.metadata()?.permissions().mode() & 0o777 & !0o333;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)?;
+    let this_file = format!("/proc/self/fd/{}", file.as_raw_fd());
+    match nix::unistd::linkat(
+        nix::fcntl::AT_FDCWD,
+        this_file.as_str(),
+        &dir,
+        name,
+        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+    ) {
+        Ok(()) => {}
+        Err(nix::errno::Errno::EEXIST) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    dir.sync_all()?;
+    Ok(true)
+}
+
+/// Turns fs-verity on for the file at `path` (SHA-256, a block the smaller of the page and
+/// the filesystem's block), as containerd's content store does for each blob it commits
+/// where the filesystem supports it; an error where it does not (`EOPNOTSUPP`, `ENOTTY`) or
+/// while the file is open for writing somewhere (`ETXTBSY`).
+pub fn enable_verity(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    /// `struct fsverity_enable_arg` of <linux/fsverity.h>.
+    #[repr(C)]
+    struct EnableArg {
+        version: u32,
+        hash_algorithm: u32,
+        block_size: u32,
+        salt_size: u32,
+        salt_ptr: u64,
+        sig_size: u32,
+        reserved1: u32,
+        sig_ptr: u64,
+        reserved2: [u64; 11],
+    }
+    /// `_IOW('f', 133, struct fsverity_enable_arg)`.
+    const FS_IOC_ENABLE_VERITY: libc::c_ulong = 0x4080_6685;
+    const FS_VERITY_HASH_ALG_SHA256: u32 = 1;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    // SAFETY: sysconf reads no memory of ours.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let block = match file.metadata()?.blksize() {
+        0 => page,
+        fs_block => fs_block.min(page),
+    };
+    let arg = EnableArg {
+        version: 1,
+        hash_algorithm: FS_VERITY_HASH_ALG_SHA256,
+        block_size: u32::try_from(block).unwrap_or(4096),
+        salt_size: 0,
+        salt_ptr: 0,
+        sig_size: 0,
+        reserved1: 0,
+        sig_ptr: 0,
+        reserved2: [0; 11],
+    };
+    // SAFETY: the descriptor is open for the call and `arg` is a live, properly laid out
+    // `fsverity_enable_arg` the kernel only reads (no salt or signature pointers).
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_ENABLE_VERITY as _, &arg) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes the directory `dir` if its entry `name` is still the file `file` (device, inode):
+/// a directory of someone else's by now is left alone. `Ok(false)` when it was not removed.
+pub fn remove_dir_holding(dir: &Path, name: &str, file: (u64, u64)) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let there = match std::fs::symlink_metadata(dir.join(name)) {
+        Ok(there) => there,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if (there.dev(), there.ino()) != file {
+        return Ok(false);
+    }
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Reads a small file someone else may have made: only a regular file (a FIFO or device at
 /// the path is an error, never waited on), at most `limit` bytes (more is an error).
 pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
@@ -215,6 +320,58 @@ pub fn read_bounded_string(path: &Path, limit: u64) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn verity_is_on_or_the_filesystem_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob");
+        std::fs::write(&path, vec![5u8; 10_000]).unwrap();
+        match enable_verity(&path) {
+            // A file with fs-verity can no longer be opened for writing.
+            Ok(()) => assert!(std::fs::OpenOptions::new().write(true).open(&path).is_err()),
+            Err(e) => assert!(
+                matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)),
+                "{e}"
+            ),
+        }
+        let missing = enable_verity(&dir.path().join("missing")).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_linked_file_is_read_only_under_its_new_name_and_a_taken_name_is_kept() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let ingest = dir.path().join("ingest");
+        std::fs::create_dir(&ingest).unwrap();
+        let mut file = std::fs::File::create(ingest.join("data")).unwrap();
+        file.write_all(b"blob").unwrap();
+        let blobs = dir.path().join("blobs/sha256");
+        assert!(link_durably(&file, &blobs, "abc").unwrap());
+        let linked = std::fs::metadata(blobs.join("abc")).unwrap();
+        assert_eq!(linked.ino(), file.metadata().unwrap().ino());
+        assert_eq!(
+            linked.permissions().mode() & 0o333,
+            0,
+            "writable or executable"
+        );
+        assert_eq!(std::fs::read(blobs.join("abc")).unwrap(), b"blob");
+        let other = std::fs::File::create(dir.path().join("other")).unwrap();
+        assert!(!link_durably(&other, &blobs, "abc").unwrap());
+        assert_eq!(std::fs::read(blobs.join("abc")).unwrap(), b"blob");
+        // The directory goes only while its entry is still that file.
+        let other_id = (
+            other.metadata().unwrap().dev(),
+            other.metadata().unwrap().ino(),
+        );
+        assert!(!remove_dir_holding(&ingest, "data", other_id).unwrap());
+        assert!(ingest.exists());
+        let id = (linked.dev(), linked.ino());
+        assert!(remove_dir_holding(&ingest, "data", id).unwrap());
+        assert!(!ingest.exists());
+        assert!(!remove_dir_holding(&ingest, "data", id).unwrap());
+        assert_eq!(std::fs::read(blobs.join("abc")).unwrap(), b"blob");
+    }
 
     #[test]
     fn writeback_starts_on_a_file_and_refuses_what_is_not_one() {
