@@ -18,6 +18,7 @@ pub mod heap;
 pub mod image;
 pub mod imagespec;
 pub mod io;
+pub mod keyed_locks;
 pub mod logging;
 pub mod metrics;
 pub mod migrate;

@@ -792,9 +792,11 @@ async fn a_layer_whose_bytes_are_not_its_digest_is_refused_and_leaves_nothing() 
     let err = pull_refused(&mut client, &evil, "lying-layer").await;
     assert_eq!(err.code(), Code::DataLoss, "{err:?}");
     assert!(err.message().contains(LAYER_DIGEST_LIE), "{err:?}");
-    // Its bytes went into containerd's ingest file (crius sees containerd's store here).
+    // Its bytes went into an unnamed file on containerd's store's filesystem.
     assert!(
-        crius.log().contains("writing the blob in place"),
+        crius
+            .log()
+            .contains("downloading the blob into an unnamed file"),
         "{}",
         crius.log()
     );

@@ -114,10 +114,11 @@ fn content_digests(crius: &Crius) -> HashSet<String> {
         .collect()
 }
 
-/// A layer bigger than a few chunks goes straight into containerd's ingest file, and
-/// containerd takes it as if it had been sent over its Write stream.
+/// A layer goes into an unnamed file on the filesystem of containerd's store, gets its name
+/// in the store once crius has checked it (read-only, as containerd keeps its blobs), and
+/// containerd records it: no ingest is left, and containerd holds exactly the layer's bytes.
 #[tokio::test]
-async fn a_big_layer_written_into_containerds_ingest_is_committed_whole() {
+async fn a_layer_downloaded_into_an_unnamed_file_is_recorded_whole() {
     use sha2::{Digest, Sha256};
     let registry = Testbed::from_env().registry;
     let crius = Crius::start().await;
@@ -130,10 +131,10 @@ async fn a_big_layer_written_into_containerds_ingest_is_committed_whole() {
     );
     pull(&mut client, &image).await.expect("pull");
     assert!(
-        crius
-            .log()
-            .lines()
-            .any(|l| l.contains("writing the blob in place") && l.contains(&layer_digest)),
+        crius.log().lines().any(|l| l
+            .contains("blob downloaded into an unnamed file and recorded")
+            && l.contains(&layer_digest)
+            && l.contains("named=Some(true)")),
         "{}",
         crius.log()
     );
@@ -154,18 +155,6 @@ async fn a_big_layer_written_into_containerds_ingest_is_committed_whole() {
     );
     let ingests = crius.ctr(&["content", "active"]);
     assert!(!ingests.contains("crius-layer"), "{ingests}");
-    // crius named the checked blob in containerd's store itself, read-only as containerd
-    // keeps its blobs, and removed the ingest's directory containerd left behind.
-    assert!(
-        crius
-            .log()
-            .lines()
-            .any(|l| l.contains("blob written in place and committed")
-                && l.contains(&layer_digest)
-                && l.contains("published=true")),
-        "{}",
-        crius.log()
-    );
     let mode = std::fs::metadata(blob_path(&crius, &layer_digest))
         .expect("the layer's blob")
         .permissions()
@@ -175,16 +164,48 @@ async fn a_big_layer_written_into_containerds_ingest_is_committed_whole() {
         ingest_dirs_naming(&crius, &layer_digest),
         Vec::<PathBuf>::new()
     );
-    client
-        .image
-        .remove_image(RemoveImageRequest {
-            image: Some(ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
+    remove(&mut client, &image).await;
+    assert!(!content_digests(&crius).contains(&layer_digest));
+}
+
+/// Two images that share a layer, pulled at once: the layer is downloaded once (the second
+/// pull waits for the first's download and finds the blob in containerd).
+#[tokio::test]
+async fn concurrent_pulls_of_images_sharing_a_layer_download_it_once() {
+    use sha2::{Digest, Sha256};
+    let testbed = Testbed::from_env();
+    let registry = testbed.registry.clone();
+    let crius = Crius::start().await;
+    let client = crius.client().await;
+    let shared = random_layer();
+    let shared_digest = format!("sha256:{:x}", Sha256::digest(&shared));
+    let mut images = Vec::new();
+    for _ in 0..2 {
+        let layers = [shared.clone(), random_layer()];
+        images.push(format!(
+            "{registry}/{}",
+            push_image(&registry, &layers).await
+        ));
+    }
+    let pulls: Vec<_> = (images.iter().cloned())
+        .map(|image| {
+            let mut client = client.clone();
+            tokio::spawn(async move { pull(&mut client, &image).await })
         })
-        .await
-        .expect("remove");
+        .collect();
+    for pulled in pulls {
+        pulled.await.unwrap().expect("pull");
+    }
+    let log = std::fs::read_to_string(&testbed.registry_log).unwrap();
+    let downloads = (log.lines())
+        .filter(|l| l.contains("GET /v2/random-") && l.contains(&shared_digest))
+        .filter(|l| l.contains("crius/"))
+        .count();
+    assert_eq!(downloads, 1, "the shared layer's downloads");
+    let mut client = client.clone();
+    for image in &images {
+        remove(&mut client, image).await;
+    }
 }
 
 /// Where containerd's local content store keeps the blob `digest`.
@@ -216,10 +237,10 @@ fn ingest_dirs_naming(crius: &Crius, digest: &str) -> Vec<PathBuf> {
 }
 
 /// A blob crius named in containerd's store and containerd's collection removed before the
-/// commit recorded it (as it removes any blob recorded nowhere): containerd reads the
-/// ingest's file back instead, and the pull gets the same blob.
+/// commit recorded it (as it removes any blob recorded nowhere): crius sends containerd the
+/// bytes from its file instead, and the pull gets the same blob.
 #[tokio::test]
-async fn a_named_blob_collected_before_its_commit_is_read_back_from_the_ingest() {
+async fn a_named_blob_collected_before_its_commit_is_sent_from_crius_file() {
     use sha2::{Digest, Sha256};
     let registry = Testbed::from_env().registry;
     let crius = Crius::start_with_failpoints("blob_published=sleep(3000)").await;
@@ -248,6 +269,13 @@ async fn a_named_blob_collected_before_its_commit_is_read_back_from_the_ingest()
         Err(e) => panic!("remove {}: {e}", blob.display()),
     }
     pulling.await.unwrap().expect("pull");
+    assert!(
+        crius
+            .log()
+            .contains("containerd did not find the blob in its store; sending it"),
+        "{}",
+        crius.log()
+    );
     assert!(content_digests(&crius).contains(&layer_digest));
     assert!(
         std::fs::read(&blob).unwrap() == layer,

@@ -30,9 +30,6 @@ use super::{Containerd, ContainerdError};
 const LEASE_HEADER: &str = "containerd-lease";
 /// Size of each chunk sent to the content store.
 const WRITE_CHUNK: usize = 1024 * 1024;
-/// Blobs from this size on are written into the ingest's file where crius can (smaller
-/// ones cost less over the stream than the second open the file takes).
-const IN_PLACE_MIN_SIZE: i64 = 256 * 1024;
 
 /// Wraps `msg` in a request that carries `lease` (when given).
 pub fn leased<T>(msg: T, lease: Option<&str>) -> tonic::Request<T> {
@@ -311,7 +308,6 @@ impl Containerd {
             containerd: self.clone(),
             tx,
             responses,
-            lease: lease.to_string(),
             ingest_ref: ingest_ref.to_string(),
             digest: digest.to_string(),
             size,
@@ -353,6 +349,36 @@ impl Containerd {
             }
         }
     }
+    /// An unnamed file on the filesystem of containerd's local content store to download the
+    /// blob `digest` into (see [`UnnamedBlob`]); `None` where crius does not see that store,
+    /// its filesystem makes no unnamed files, or the store holds the blob already (for
+    /// another namespace: containerd shares it at the ingest's opening).
+    pub async fn unnamed_blob(&self, digest: &str) -> Option<UnnamedBlob> {
+        let root = self.content_root().await?.to_path_buf();
+        let name = blob_name(digest)?.to_string();
+        let opened = tokio::task::spawn_blocking(move || {
+            let blobs = root.join("blobs").join("sha256");
+            if std::fs::symlink_metadata(blobs.join(name)).is_ok() {
+                return Ok(None);
+            }
+            crate::sys::fsutil::open_unnamed(&root, 0o644).map(|file| Some((file, blobs)))
+        })
+        .await
+        .ok()?;
+        match opened {
+            Ok(None) => None,
+            Ok(Some((file, blobs))) => Some(UnnamedBlob {
+                containerd: self.clone(),
+                file,
+                blobs,
+            }),
+            Err(e) => {
+                tracing::debug!(error = %e, "no unnamed file in containerd's content store");
+                None
+            }
+        }
+    }
+
     pub async fn get_image(&self, name: &str) -> Result<Option<Image>, ContainerdError> {
         match self
             .images()
@@ -700,7 +726,6 @@ pub struct ContentWriter {
     containerd: Containerd,
     tx: mpsc::Sender<WriteContentRequest>,
     responses: tonic::Streaming<containerd_client::services::v1::WriteContentResponse>,
-    lease: String,
     ingest_ref: String,
     digest: String,
     size: i64,
@@ -743,46 +768,9 @@ impl ContentWriter {
         }
     }
 
-    /// Writes the blob from its start, checking its digest and size, and commits it with
-    /// `labels`. `progress` is called with each chunk's length. Where crius sees
-    /// containerd's local content store, the bytes go straight into the ingest's data file
-    /// (see [`IngestFile`]); otherwise they go over the Write stream.
+    /// Writes the blob from its start over the Write stream, checking its digest and size,
+    /// and commits it with `labels`. `progress` is called with each chunk's length.
     pub async fn write_all<S, E>(
-        self,
-        data: S,
-        labels: HashMap<String, String>,
-        progress: impl Fn(usize),
-    ) -> Result<(), WriteError<E>>
-    where
-        S: Stream<Item = Result<Bytes, E>> + Unpin,
-        E: std::error::Error + 'static,
-    {
-        let file = if self.size >= IN_PLACE_MIN_SIZE {
-            IngestFile::find(&self.containerd, &self.ingest_ref).await
-        } else {
-            None
-        };
-        let opened = match file {
-            Some(file) => match file.open().await {
-                Ok(out) => Some((file, out)),
-                // Nothing is read from `data` yet: the stream can still take it all.
-                Err(e) => {
-                    tracing::debug!(ingest = %self.ingest_ref, error = %file.error(e), "cannot write the blob in place; sending it");
-                    None
-                }
-            },
-            None => None,
-        };
-        match opened {
-            Some((file, out)) => {
-                tracing::debug!(ingest = %self.ingest_ref, path = %file.data.display(), "writing the blob in place");
-                self.write_in_place(file, out, data, labels, progress).await
-            }
-            None => self.write_streamed(data, labels, progress).await,
-        }
-    }
-
-    async fn write_streamed<S, E>(
         self,
         data: S,
         labels: HashMap<String, String>,
@@ -838,21 +826,34 @@ impl ContentWriter {
             }
         }
     }
+}
 
-    /// Writes the blob into the ingest's data file while this writer holds the ingest's
-    /// lock, hashing it on the way. Bytes of the blob's digest and size are then given their
-    /// name in the store's `blobs/` (synced, read-only, as containerd's own commit leaves a
-    /// blob), the writer is let go of and opened again: containerd's "shared" content policy
-    /// (its default) finds the blob there and the commit only records it. Where it does not
-    /// (an "isolated" policy, a collection that removed the unrecorded blob meanwhile),
-    /// containerd reads the ingest's file back instead, hashing it, and checks it at the
-    /// commit as bytes it received itself. Bytes that are not the blob never get a name.
-    async fn write_in_place<S, E>(
+/// A blob downloaded into an unnamed file on the filesystem of containerd's local content
+/// store. It gets its name in the store's `blobs/` only once crius has checked its digest
+/// and size (synced, read-only, as containerd's own commit leaves a blob), and containerd
+/// then records it without a transfer: its "shared" content policy, the default on every
+/// line, finds the blob in the store. No ingest is open while the bytes come in; bytes that
+/// are not the blob never get a name, and dropping this before frees the file.
+pub struct UnnamedBlob {
+    containerd: Containerd,
+    file: std::fs::File,
+    /// `<root>/blobs/sha256`: the store keeps a SHA-256 blob there under its hex digest.
+    blobs: PathBuf,
+}
+
+impl UnnamedBlob {
+    /// Writes `data`, the blob `digest` of `size` bytes, into the file (`progress` is called
+    /// with each chunk's length), checks it, names it and records it under `lease` with
+    /// `labels` (through the ingest `ingest_ref`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_and_record<S, E>(
         self,
-        file: IngestFile,
-        out: std::fs::File,
-        data: S,
+        lease: &str,
+        ingest_ref: &str,
+        digest: &str,
+        size: i64,
         labels: HashMap<String, String>,
+        data: S,
         progress: impl Fn(usize),
     ) -> Result<(), WriteError<E>>
     where
@@ -861,69 +862,165 @@ impl ContentWriter {
     {
         let Self {
             containerd,
-            tx,
-            mut responses,
-            lease,
-            ingest_ref,
-            digest,
-            size,
-            ..
+            file,
+            blobs,
         } = self;
+        tracing::debug!(%digest, "downloading the blob into an unnamed file");
         let started = std::time::Instant::now();
-        let mut sink = FileSink::new(out);
+        let mut sink = FileSink::new(file);
         let mut sent = copy_blob(data, &mut sink, size, None, progress).await;
-        let written = match sink.finish().await {
-            Ok((out, actual)) => {
-                sent.actual = Some(actual);
-                sent.check(&digest, size).map(|()| out)
-            }
-            Err(e) => Err(file.error(e).into()),
+        let (file, actual) = sink
+            .finish()
+            .await
+            .map_err(|source| ContainerdError::Ingest {
+                path: blobs.clone(),
+                source,
+            })?;
+        sent.actual = Some(actual);
+        sent.check(digest, size)?;
+        let written = started.elapsed();
+        let name = blob_name(digest).map(str::to_string);
+        let named = match &name {
+            Some(name) => name_blob(Arc::clone(&file), &blobs, name).await,
+            None => None,
         };
-        let copied = started.elapsed();
-        let (written, published) = match written {
-            Ok(out) => (Ok(()), file.publish(out, &digest).await),
-            Err(e) => (Err(e), None),
-        };
-        // Ending the stream closes containerd's writer and unlocks the ingest.
-        drop(tx);
-        while let Some(resp) = responses.next().await {
-            if resp.is_err() {
-                break;
-            }
-        }
-        if let Err(e) = written {
-            containerd.abort_ingest(&ingest_ref).await;
-            return Err(e);
-        }
         // Where containerd's collection could remove the blob, recorded nowhere yet.
-        if published.is_some()
-            && let Err(e) = crate::failpoint::hit("blob_published").await
-        {
-            containerd.abort_ingest(&ingest_ref).await;
-            return Err(rpc_write(tonic::Status::internal(e.to_string())).into());
+        if named.is_some() {
+            crate::failpoint::hit("blob_published")
+                .await
+                .map_err(|e| rpc_write(tonic::Status::internal(e.to_string())))?;
         }
-        let closed = started.elapsed();
-        match commit_written(&containerd, &lease, &ingest_ref, &digest, size, labels).await {
-            Ok(()) => {
-                if let Some(published) = &published {
-                    file.after_commit(published).await;
-                }
-                tracing::debug!(
-                    ingest = %ingest_ref,
-                    published = published.is_some(),
-                    copy_ms = copied.as_millis() as u64,
-                    close_ms = (closed - copied).as_millis() as u64,
-                    commit_ms = (started.elapsed() - closed).as_millis() as u64,
-                    "blob written in place and committed"
-                );
-                Ok(())
-            }
-            Err(e) => {
-                containerd.abort_ingest(&ingest_ref).await;
-                Err(refused_bytes(&e, &digest, size).unwrap_or_else(|| e.into()))
-            }
+        let recorded = record_written(&containerd, lease, ingest_ref, digest, size, labels, &file)
+            .await
+            .map_err(|e| match e {
+                WriteError::Source(source) => WriteError::Containerd(ContainerdError::Ingest {
+                    path: blobs.clone(),
+                    source,
+                }),
+                WriteError::Containerd(e) => WriteError::Containerd(e),
+                WriteError::Mismatch {
+                    expected,
+                    actual,
+                    size,
+                    expected_size,
+                } => WriteError::Mismatch {
+                    expected,
+                    actual,
+                    size,
+                    expected_size,
+                },
+            });
+        // fs-verity only once no descriptor is open for writing, as containerd's commit does.
+        drop(file);
+        if recorded.is_ok()
+            && named == Some(true)
+            && let Some(name) = name
+        {
+            protect_blob(blobs.join(name)).await;
+        }
+        tracing::debug!(
+            %digest,
+            named = ?named,
+            write_ms = written.as_millis() as u64,
+            record_ms = (started.elapsed() - written).as_millis() as u64,
+            "blob downloaded into an unnamed file and recorded"
+        );
+        recorded
+    }
+}
+
+/// Names the checked blob in `file` `name` in the store's `blobs` directory: `Some(true)` when
+/// crius named it, `Some(false)` when the name was taken already (by containerd's own blob),
+/// `None`, logged, when it cannot (the bytes then go over the Write stream).
+async fn name_blob(file: Arc<std::fs::File>, blobs: &std::path::Path, name: &str) -> Option<bool> {
+    let (dir, name) = (blobs.to_path_buf(), name.to_string());
+    let linked =
+        tokio::task::spawn_blocking(move || crate::sys::fsutil::link_durably(&file, &dir, &name))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match linked {
+        Ok(linked) => Some(linked),
+        Err(e) => {
+            tracing::debug!(dir = %blobs.display(), error = %e, "cannot name the blob in the store");
+            None
         }
     }
+}
+
+/// Turns fs-verity on for a blob crius named, where the filesystem has it (best effort, as
+/// containerd's own commit).
+async fn protect_blob(blob: PathBuf) {
+    let path = blob.clone();
+    let done = tokio::task::spawn_blocking(move || crate::sys::fsutil::enable_verity(&path)).await;
+    if let Ok(Err(e)) = done
+        && !matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY))
+    {
+        tracing::debug!(blob = %blob.display(), error = %e, "cannot turn fs-verity on");
+    }
+}
+
+/// Records the blob crius wrote into `file`: containerd finds it named in the store and the
+/// commit only records it. Where it does not (it could not be named, containerd's collection
+/// removed it meanwhile as it removes any blob recorded nowhere, or an "isolated" content
+/// policy), the file's bytes go over the Write stream. Waits while another writer holds the
+/// ingest.
+async fn record_written(
+    containerd: &Containerd,
+    lease: &str,
+    ingest_ref: &str,
+    digest: &str,
+    size: i64,
+    labels: HashMap<String, String>,
+    file: &Arc<std::fs::File>,
+) -> Result<(), WriteError<std::io::Error>> {
+    const LOCKED_WAIT: Duration = Duration::from_millis(50);
+    const LOCKED_TRIES: u32 = 600;
+    for _ in 0..LOCKED_TRIES {
+        match containerd
+            .open_writer(lease, ingest_ref, digest, size)
+            .await
+        {
+            Ok(None) => return Ok(()),
+            Ok(Some(writer)) if writer.is_complete() => return Ok(writer.commit(labels).await?),
+            Ok(Some(writer)) => {
+                tracing::debug!(%digest, "containerd did not find the blob in its store; sending it");
+                return writer
+                    .write_all(file_chunks(Arc::clone(file), size), labels, |_| {})
+                    .await;
+            }
+            Err(e) if e.is_locked() => tokio::time::sleep(LOCKED_WAIT).await,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(rpc_write(tonic::Status::unavailable(format!(
+        "ingest {ingest_ref} stayed locked by another writer"
+    )))
+    .into())
+}
+
+/// The first `size` bytes of `file`, in chunks of up to [`WRITE_CHUNK`], read on the
+/// blocking pool.
+fn file_chunks(
+    file: Arc<std::fs::File>,
+    size: i64,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Unpin {
+    let size = u64::try_from(size).unwrap_or(0);
+    Box::pin(futures::stream::try_unfold(0u64, move |offset| {
+        let file = Arc::clone(&file);
+        async move {
+            if offset >= size {
+                return Ok(None);
+            }
+            let len = (size - offset).min(WRITE_CHUNK as u64);
+            let chunk = tokio::task::spawn_blocking(move || {
+                let mut chunk = vec![0u8; len as usize];
+                file.read_exact_at(&mut chunk, offset).map(|()| chunk)
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+            Ok(Some((Bytes::from(chunk), offset + len)))
+        }
+    }))
 }
 
 /// containerd's `CommitSnapshotRequest` as of 2.2, with the `parent` (field 5) that the
@@ -942,203 +1039,6 @@ struct CommitOntoParentRequest {
     parent: String,
 }
 
-/// containerd's refusal, at the commit, of bytes that are not the blob (`unexpected commit
-/// digest <actual>, expected <digest>`, or a size that differs), as a mismatch.
-fn refused_bytes<E: std::error::Error + 'static>(
-    e: &ContainerdError,
-    digest: &str,
-    size: i64,
-) -> Option<WriteError<E>> {
-    let ContainerdError::Rpc { status, .. } = e else {
-        return None;
-    };
-    if status.code() != Code::FailedPrecondition {
-        return None;
-    }
-    let message = status.message();
-    let actual = (message.split("unexpected commit digest ").nth(1))
-        .and_then(|rest| rest.split(',').next())
-        .filter(|actual| actual.starts_with("sha256:"))
-        .map_or_else(|| format!("(refused: {message})"), str::to_string);
-    Some(WriteError::Mismatch {
-        expected: digest.to_string(),
-        actual,
-        size,
-        expected_size: size,
-    })
-}
-
-/// Opens the ingest `ingest_ref` again after its data was written in place and commits it;
-/// waits while another pull of the same blob holds it (that one then finds it complete too).
-async fn commit_written(
-    containerd: &Containerd,
-    lease: &str,
-    ingest_ref: &str,
-    digest: &str,
-    size: i64,
-    labels: HashMap<String, String>,
-) -> Result<(), ContainerdError> {
-    const LOCKED_WAIT: Duration = Duration::from_millis(50);
-    const LOCKED_TRIES: u32 = 600;
-    for _ in 0..LOCKED_TRIES {
-        let started = std::time::Instant::now();
-        match containerd
-            .open_writer(lease, ingest_ref, digest, size)
-            .await
-        {
-            Ok(None) => return Ok(()),
-            Ok(Some(writer)) if writer.is_complete() => {
-                let reopened = started.elapsed();
-                let committed = writer.commit(labels).await;
-                tracing::debug!(
-                    ingest = %ingest_ref,
-                    reopen_ms = reopened.as_millis() as u64,
-                    commit_ms = (started.elapsed() - reopened).as_millis() as u64,
-                    "in-place blob read back and committed"
-                );
-                return committed;
-            }
-            Ok(Some(writer)) => {
-                let offset = writer.offset;
-                drop(writer);
-                return Err(rpc_write(tonic::Status::data_loss(format!(
-                    "ingest {ingest_ref}: containerd read back {offset} of the {size} bytes written in place"
-                ))));
-            }
-            Err(e) if e.is_locked() => tokio::time::sleep(LOCKED_WAIT).await,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(rpc_write(tonic::Status::unavailable(format!(
-        "ingest {ingest_ref} stayed locked by another writer"
-    ))))
-}
-
-/// The data file of an open ingest in containerd's local content store. That store keeps
-/// an ingest in `<root>/ingest/<hex>/`, with the ingest's key (`<namespace>/<n>/<ref>`) in
-/// its `ref` file and the bytes so far in `data`; a writer opened on an ingest whose data is
-/// already there reads it back through the digest (containerd's own resume path).
-pub struct IngestFile {
-    data: PathBuf,
-    /// `<root>/blobs/sha256`: the store keeps a committed SHA-256 blob there under the hex
-    /// of its digest.
-    blobs: PathBuf,
-}
-
-/// A blob crius gave its name in the store: the file (device, inode) and whether crius made
-/// the name (or found it taken).
-pub struct Published {
-    file: (u64, u64),
-    name: String,
-    linked: bool,
-}
-
-impl IngestFile {
-    /// The data file of `ingest_ref` in crius's namespace, if exactly one ingest directory
-    /// holds its key (none when containerd's content store is not a local one crius sees).
-    async fn find(containerd: &Containerd, ingest_ref: &str) -> Option<Self> {
-        let content_root = containerd.content_root().await?;
-        let root = content_root.join("ingest");
-        let blobs_dir = content_root.join("blobs").join("sha256");
-        let prefix = format!("{}/", containerd.namespace());
-        let suffix = format!("/{ingest_ref}");
-        tokio::task::spawn_blocking(move || {
-            let mut found = None;
-            for entry in std::fs::read_dir(&root).ok()?.flatten() {
-                let Some(key) = read_ingest_key(&entry.path().join("ref")) else {
-                    continue;
-                };
-                if ingest_key_matches(&key, &prefix, &suffix) {
-                    if found.is_some() {
-                        return None;
-                    }
-                    found = Some(entry.path().join("data"));
-                }
-            }
-            found.map(|data| Self {
-                data,
-                blobs: blobs_dir,
-            })
-        })
-        .await
-        .ok()
-        .flatten()
-    }
-
-    async fn open(&self) -> std::io::Result<std::fs::File> {
-        let file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.data)
-            .await?;
-        Ok(file.into_std().await)
-    }
-
-    /// Gives the written, checked blob its name in the store (see
-    /// [`crate::sys::fsutil::link_durably`]); `None`, logged, when it cannot (the commit then
-    /// reads the ingest's file back).
-    async fn publish(&self, out: Arc<std::fs::File>, digest: &str) -> Option<Published> {
-        let name = blob_name(digest)?.to_string();
-        let blobs = self.blobs.clone();
-        let linked = tokio::task::spawn_blocking(move || {
-            use std::os::unix::fs::MetadataExt;
-            let meta = out.metadata()?;
-            let linked = crate::sys::fsutil::link_durably(&out, &blobs, &name)?;
-            Ok::<_, std::io::Error>(Published {
-                file: (meta.dev(), meta.ino()),
-                name,
-                linked,
-            })
-        })
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        match linked {
-            Ok(published) => Some(published),
-            Err(e) => {
-                tracing::debug!(path = %self.data.display(), error = %e, "cannot name the blob in the store; containerd reads it back");
-                None
-            }
-        }
-    }
-
-    /// After the commit of a published blob: the ingest's directory, which containerd's
-    /// commit of a blob it found in the store leaves behind, is removed (while it still
-    /// holds this blob; its collection would remove it later); and the blob gets fs-verity
-    /// where the filesystem has it, as containerd's own commit does (only now: a file with
-    /// it can no longer be opened for writing, which reading it back would need).
-    async fn after_commit(&self, published: &Published) {
-        let (Some(dir), file) = (self.data.parent().map(PathBuf::from), published.file) else {
-            return;
-        };
-        let blob = published.linked.then(|| self.blobs.join(&published.name));
-        let done = tokio::task::spawn_blocking(move || {
-            let removed = crate::sys::fsutil::remove_dir_holding(&dir, "data", file);
-            let verity = blob.map(|blob| crate::sys::fsutil::enable_verity(&blob));
-            (removed, verity)
-        })
-        .await;
-        let Ok((removed, verity)) = done else {
-            return;
-        };
-        if let Err(e) = removed {
-            tracing::debug!(path = %self.data.display(), error = %e, "cannot remove the ingest left behind");
-        }
-        if let Some(Err(e)) = verity
-            && !matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY))
-        {
-            tracing::debug!(blob = %published.name, error = %e, "cannot turn fs-verity on");
-        }
-    }
-
-    fn error(&self, source: std::io::Error) -> ContainerdError {
-        ContainerdError::Ingest {
-            path: self.data.clone(),
-            source,
-        }
-    }
-}
-
 /// A blob's name in the store: the hex of a `sha256:` digest, 64 lower-case hex digits
 /// (anything else gets none).
 fn blob_name(digest: &str) -> Option<&str> {
@@ -1148,28 +1048,6 @@ fn blob_name(digest: &str) -> Option<&str> {
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
-}
-
-/// An ingest's key, read from its `ref` file: at most [`MAX_INGEST_KEY`] bytes (a longer file
-/// is no key crius wrote).
-fn read_ingest_key(path: &std::path::Path) -> Option<String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).ok()?;
-    let mut key = String::new();
-    file.take(MAX_INGEST_KEY + 1)
-        .read_to_string(&mut key)
-        .ok()?;
-    (key.len() as u64 <= MAX_INGEST_KEY).then_some(key)
-}
-
-/// Longer than any `<namespace>/<n>/crius-layer-<digest>` key.
-const MAX_INGEST_KEY: u64 = 4096;
-
-/// Whether `key` is `<prefix><sequence number><suffix>`.
-fn ingest_key_matches(key: &str, prefix: &str, suffix: &str) -> bool {
-    key.strip_prefix(prefix)
-        .and_then(|rest| rest.strip_suffix(suffix))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// What sending a blob's data to containerd came to.
@@ -1446,6 +1324,20 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), expected);
     }
 
+    #[tokio::test]
+    async fn a_file_is_read_back_in_chunks_up_to_the_size_given() {
+        let mut file = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..WRITE_CHUNK * 2 + 5).map(|i| i as u8).collect();
+        std::io::Write::write_all(&mut file, &data).unwrap();
+        let chunks: Vec<Bytes> = file_chunks(Arc::new(file), data.len() as i64 - 1)
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let lengths: Vec<usize> = chunks.iter().map(Bytes::len).collect();
+        assert_eq!(lengths, [WRITE_CHUNK, WRITE_CHUNK, 4]);
+        assert_eq!(chunks.concat(), data[..data.len() - 1]);
+    }
+
     #[test]
     fn only_a_well_formed_sha256_digest_names_a_blob() {
         let hex = "a".repeat(64);
@@ -1479,34 +1371,5 @@ mod tests {
             err.to_string().contains("longer than its descriptor"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn containerd_refusing_the_bytes_at_the_commit_is_a_mismatch() {
-        let (expected, actual) = (sha256(b"promised"), sha256(b"given"));
-        let refusal = |code, message: String| ContainerdError::Rpc {
-            op: "write content",
-            status: tonic::Status::new(code, message),
-        };
-        let digest = refusal(
-            Code::FailedPrecondition,
-            format!("unexpected commit digest {actual}, expected {expected}: failed precondition"),
-        );
-        let err = refused_bytes::<std::io::Error>(&digest, &expected, 5).unwrap();
-        assert!(
-            matches!(&err, WriteError::Mismatch { actual: a, .. } if *a == actual),
-            "{err}"
-        );
-        let size = refusal(
-            Code::FailedPrecondition,
-            "unexpected commit size 3, expected 5: failed precondition".to_string(),
-        );
-        let err = refused_bytes::<std::io::Error>(&size, &expected, 5).unwrap();
-        assert!(
-            err.to_string().contains("unexpected commit size 3"),
-            "{err}"
-        );
-        let other = refusal(Code::Unavailable, "connection closed".to_string());
-        assert!(refused_bytes::<std::io::Error>(&other, &expected, 5).is_none());
     }
 }

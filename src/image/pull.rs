@@ -36,6 +36,7 @@ use crate::imagespec::manifest::{
     sha256_digest,
 };
 use crate::imagespec::reference::Reference;
+use crate::keyed_locks::KeyedLocks;
 use crate::store::{Image, ImageStore};
 
 /// The label that marks images crius manages, as containerd's CRI does.
@@ -307,6 +308,8 @@ pub struct ImagePuller {
     min_rate: u64,
     http: HttpClients,
     in_flight: Mutex<HashMap<String, InFlight>>,
+    /// Layers being downloaded, by digest: one download of a layer at a time.
+    layer_locks: Arc<KeyedLocks>,
 }
 
 impl ImagePuller {
@@ -329,6 +332,7 @@ impl ImagePuller {
             min_rate,
             http: HttpClients::default(),
             in_flight: Mutex::new(HashMap::new()),
+            layer_locks: Arc::default(),
         })
     }
 
@@ -831,6 +835,7 @@ impl ImagePuller {
                     layer: layer.clone(),
                     diff_id: diff_id.clone(),
                     progress: Arc::clone(progress),
+                    layer_locks: Arc::clone(&self.layer_locks),
                 };
                 let semaphore = Arc::clone(&semaphore);
                 AbortOnDropHandle::new(tokio::spawn(async move {
@@ -1113,6 +1118,8 @@ struct LayerDownload {
     layer: Descriptor,
     diff_id: String,
     progress: Arc<Progress>,
+    /// Layers being downloaded, by digest (shared by every pull).
+    layer_locks: Arc<KeyedLocks>,
 }
 
 impl LayerDownload {
@@ -1125,23 +1132,47 @@ impl LayerDownload {
             "containerd.io/uncompressed".to_string(),
             self.diff_id.clone(),
         )]);
-        // A blob containerd has not got is asked of the registry while its ingest opens;
-        // one it has is only opened (which puts it under the pull's lease), never fetched.
-        let mut early_fetch = match self.containerd.content_info(digest).await {
-            Ok(None) => Some(self.session.fetch_blob(self.endpoint, digest)),
-            Ok(Some(_)) | Err(_) => None,
-        };
+        // One download of a layer at a time in this crius: a second pull of it waits, then
+        // finds the blob in containerd.
+        let _downloading = self.layer_locks.lock(digest).await;
+        // A blob containerd has not got is downloaded into an unnamed file on its store's
+        // filesystem; one it has is only opened (which puts it under the pull's lease, or
+        // shares it from another namespace), never fetched.
+        if let Ok(None) = self.containerd.content_info(digest).await
+            && let Some(unnamed) = self.containerd.unnamed_blob(digest).await
+        {
+            let stream = self.session.fetch_blob(self.endpoint, digest).await?;
+            let progress = Arc::clone(&self.progress);
+            return unnamed
+                .write_and_record(
+                    &self.lease,
+                    &ingest,
+                    digest,
+                    self.layer.size,
+                    labels,
+                    self.counted(stream.boxed(), slot),
+                    move |n| progress.add_bytes(n),
+                )
+                .await
+                .map_err(layer_write_error);
+        }
+        self.write_through_ingest(slot).await
+    }
+
+    /// Downloads the layer into an ingest containerd opens (see
+    /// [`crate::containerd::content::ContentWriter::write_all`]).
+    async fn write_through_ingest(&self, slot: OwnedSemaphorePermit) -> Result<(), PullError> {
+        let digest = &self.layer.digest;
+        let ingest = format!("crius-layer-{digest}");
+        let labels = HashMap::from([(
+            "containerd.io/uncompressed".to_string(),
+            self.diff_id.clone(),
+        )]);
         loop {
-            let open = self
+            let opened = self
                 .containerd
-                .open_writer(&self.lease, &ingest, digest, self.layer.size);
-            let (opened, fetched) = match early_fetch.take() {
-                Some(fetch) => {
-                    let (opened, fetched) = futures::future::join(open, fetch).await;
-                    (opened, Some(fetched))
-                }
-                None => (open.await, None),
-            };
+                .open_writer(&self.lease, &ingest, digest, self.layer.size)
+                .await;
             let writer = match opened {
                 Ok(None) => return Ok(()),
                 // Shared from another namespace: no transfer needed.
@@ -1157,32 +1188,44 @@ impl LayerDownload {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let stream = match fetched {
-                Some(fetched) => fetched,
-                None => self.session.fetch_blob(self.endpoint, digest).await,
-            };
-            let stream = match stream {
-                Ok(stream) => stream,
+            let stream = match self.session.fetch_blob(self.endpoint, digest).await {
+                Ok(stream) => stream.boxed(),
                 Err(e) => {
                     self.containerd.abort_ingest(&ingest).await;
                     return Err(e.into());
                 }
             };
             let progress = Arc::clone(&self.progress);
-            let mut slot = Some(slot);
-            let stream = stream.chain(futures::stream::poll_fn(move |_| {
+            return writer
+                .write_all(self.counted(stream, slot), labels, move |n| {
+                    progress.add_bytes(n)
+                })
+                .await
+                .map_err(layer_write_error);
+        }
+    }
+
+    /// The layer's bytes from the registry, letting go of the download `slot` once the
+    /// registry has sent them all.
+    fn counted(&self, stream: BlobStream, slot: OwnedSemaphorePermit) -> BlobStream {
+        let mut slot = Some(slot);
+        stream
+            .chain(futures::stream::poll_fn(move |_| {
                 slot.take();
                 Poll::Ready(None)
-            }));
-            return writer
-                .write_all(stream.boxed(), labels, move |n| progress.add_bytes(n))
-                .await
-                .map_err(|e| match e {
-                    WriteError::Source(e) => PullError::Registry(e),
-                    WriteError::Containerd(e) => PullError::Containerd(e),
-                    mismatch => PullError::Corrupt(format!("layer {mismatch}")),
-                });
-        }
+            }))
+            .boxed()
+    }
+}
+
+/// A blob's bytes as the registry sends them.
+type BlobStream = futures::stream::BoxStream<'static, Result<Bytes, RegistryError>>;
+
+fn layer_write_error(e: WriteError<RegistryError>) -> PullError {
+    match e {
+        WriteError::Source(e) => PullError::Registry(e),
+        WriteError::Containerd(e) => PullError::Containerd(e),
+        mismatch => PullError::Corrupt(format!("layer {mismatch}")),
     }
 }
 

@@ -2,7 +2,7 @@
 //! config digest), with all the names (containerd image records) that point at it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::RwLock;
 
 use super::id_index::IdIndex;
 use crate::imagespec::manifest::ImageConfigFile;
@@ -86,7 +86,7 @@ pub struct ImageStore {
     inner: RwLock<Inner>,
     /// One lock per image name or ID changing in containerd and in the store together (see
     /// [`ImageStore::lock_names`]); gone once no one holds or waits for it.
-    name_locks: std::sync::Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    name_locks: crate::keyed_locks::KeyedLocks,
     /// Names crius keeps pinned (the sandbox image): their containerd records are labelled
     /// so, as containerd's CRI labels them.
     pinned_names: RwLock<std::collections::HashSet<String>>,
@@ -194,22 +194,9 @@ impl ImageStore {
         let keys: BTreeSet<String> = keys.into_iter().collect();
         let mut held = Vec::with_capacity(keys.len());
         for key in keys {
-            let lock = self.name_lock(key);
-            held.push(lock.lock_owned().await);
+            held.push(self.name_locks.lock(&key).await);
         }
         NameLocks { _held: held }
-    }
-
-    /// The lock of one name or ID, made when no one holds or waits for it.
-    fn name_lock(&self, key: String) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.name_locks.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(lock) = locks.get(&key).and_then(Weak::upgrade) {
-            return lock;
-        }
-        locks.retain(|_, lock| lock.strong_count() > 0);
-        let lock = Arc::new(tokio::sync::Mutex::new(()));
-        locks.insert(key, Arc::downgrade(&lock));
-        lock
     }
 
     /// The image `text` resolves to, with its names, its ID and the names in `also` locked

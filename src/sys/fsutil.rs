@@ -170,6 +170,18 @@ pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) -> std::io::
     Ok(())
 }
 
+/// Opens an unnamed regular file (`O_TMPFILE`) of `mode` on the filesystem of the directory
+/// `dir`, for reading and writing: nothing else sees it until [`link_durably`] names it, and
+/// it is freed when closed without a name (a crash included).
+pub fn open_unnamed(dir: &Path, mode: u32) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(mode)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+}
+
 /// Gives the written `file` a second name, `name` in `dir`, durably: the file's data and the
 /// new entry are on the disk when this returns, and the file is read-only (its mode without
 /// write or execute bits, as containerd's content store keeps its blobs). The link is made
@@ -256,25 +268,6 @@ pub fn enable_verity(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Removes the directory `dir` if its entry `name` is still the file `file` (device, inode):
-/// a directory of someone else's by now is left alone. `Ok(false)` when it was not removed.
-pub fn remove_dir_holding(dir: &Path, name: &str, file: (u64, u64)) -> std::io::Result<bool> {
-    use std::os::unix::fs::MetadataExt;
-    let there = match std::fs::symlink_metadata(dir.join(name)) {
-        Ok(there) => there,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if (there.dev(), there.ino()) != file {
-        return Ok(false);
-    }
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 /// Reads a small file someone else may have made: only a regular file (a FIFO or device at
 /// the path is an error, never waited on), at most `limit` bytes (more is an error).
 pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
@@ -359,17 +352,6 @@ mod tests {
         let other = std::fs::File::create(dir.path().join("other")).unwrap();
         assert!(!link_durably(&other, &blobs, "abc").unwrap());
         assert_eq!(std::fs::read(blobs.join("abc")).unwrap(), b"blob");
-        // The directory goes only while its entry is still that file.
-        let other_id = (
-            other.metadata().unwrap().dev(),
-            other.metadata().unwrap().ino(),
-        );
-        assert!(!remove_dir_holding(&ingest, "data", other_id).unwrap());
-        assert!(ingest.exists());
-        let id = (linked.dev(), linked.ino());
-        assert!(remove_dir_holding(&ingest, "data", id).unwrap());
-        assert!(!ingest.exists());
-        assert!(!remove_dir_holding(&ingest, "data", id).unwrap());
         assert_eq!(std::fs::read(blobs.join("abc")).unwrap(), b"blob");
     }
 
