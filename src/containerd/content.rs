@@ -83,6 +83,30 @@ pub enum WriteError<E: std::error::Error + 'static> {
     },
 }
 
+impl<E: std::error::Error + 'static> WriteError<E> {
+    /// The same error, with a source's error turned by `f`.
+    fn map_source<F: std::error::Error + 'static>(
+        self,
+        f: impl FnOnce(E) -> WriteError<F>,
+    ) -> WriteError<F> {
+        match self {
+            Self::Source(e) => f(e),
+            Self::Containerd(e) => WriteError::Containerd(e),
+            Self::Mismatch {
+                expected,
+                actual,
+                size,
+                expected_size,
+            } => WriteError::Mismatch {
+                expected,
+                actual,
+                size,
+                expected_size,
+            },
+        }
+    }
+}
+
 impl Containerd {
     /// Creates a lease that expires by itself after `expire` (so a crash cannot pin content
     /// forever).
@@ -356,21 +380,24 @@ impl Containerd {
     pub async fn unnamed_blob(&self, digest: &str) -> Option<UnnamedBlob> {
         let root = self.content_root().await?.to_path_buf();
         let name = blob_name(digest)?.to_string();
+        let blobs = root.join("blobs").join("sha256");
+        let held = blobs.join(&name);
         let opened = tokio::task::spawn_blocking(move || {
-            let blobs = root.join("blobs").join("sha256");
-            if std::fs::symlink_metadata(blobs.join(name)).is_ok() {
+            if std::fs::symlink_metadata(held).is_ok() {
                 return Ok(None);
             }
-            crate::sys::fsutil::open_unnamed(&root, 0o644).map(|file| Some((file, blobs)))
+            crate::sys::fsutil::open_unnamed(&root, 0o644).map(Some)
         })
         .await
         .ok()?;
         match opened {
             Ok(None) => None,
-            Ok(Some((file, blobs))) => Some(UnnamedBlob {
+            Ok(Some(file)) => Some(UnnamedBlob {
                 containerd: self.clone(),
                 file,
+                digest: digest.to_string(),
                 blobs,
+                name,
             }),
             Err(e) => {
                 tracing::debug!(error = %e, "no unnamed file in containerd's content store");
@@ -837,20 +864,21 @@ impl ContentWriter {
 pub struct UnnamedBlob {
     containerd: Containerd,
     file: std::fs::File,
+    digest: String,
     /// `<root>/blobs/sha256`: the store keeps a SHA-256 blob there under its hex digest.
     blobs: PathBuf,
+    /// The blob's name there.
+    name: String,
 }
 
 impl UnnamedBlob {
-    /// Writes `data`, the blob `digest` of `size` bytes, into the file (`progress` is called
-    /// with each chunk's length), checks it, names it and records it under `lease` with
-    /// `labels` (through the ingest `ingest_ref`).
-    #[allow(clippy::too_many_arguments)]
+    /// Writes `data`, the blob of `size` bytes, into the file (`progress` is called with each
+    /// chunk's length), checks it, names it and records it under `lease` with `labels`
+    /// (through the ingest `ingest_ref`).
     pub async fn write_and_record<S, E>(
         self,
         lease: &str,
         ingest_ref: &str,
-        digest: &str,
         size: i64,
         labels: HashMap<String, String>,
         data: S,
@@ -863,59 +891,35 @@ impl UnnamedBlob {
         let Self {
             containerd,
             file,
+            digest,
             blobs,
+            name,
         } = self;
+        let file_error = |source| ContainerdError::Ingest {
+            path: blobs.clone(),
+            source,
+        };
         tracing::debug!(%digest, "downloading the blob into an unnamed file");
         let started = std::time::Instant::now();
         let mut sink = FileSink::new(file);
         let mut sent = copy_blob(data, &mut sink, size, None, progress).await;
-        let (file, actual) = sink
-            .finish()
-            .await
-            .map_err(|source| ContainerdError::Ingest {
-                path: blobs.clone(),
-                source,
-            })?;
+        let (file, actual) = sink.finish().await.map_err(file_error)?;
         sent.actual = Some(actual);
-        sent.check(digest, size)?;
+        sent.check(&digest, size)?;
         let written = started.elapsed();
-        let name = blob_name(digest).map(str::to_string);
-        let named = match &name {
-            Some(name) => name_blob(Arc::clone(&file), &blobs, name).await,
-            None => None,
-        };
+        let named = name_blob(Arc::clone(&file), &blobs, &name).await;
         // Where containerd's collection could remove the blob, recorded nowhere yet.
         if named.is_some() {
             crate::failpoint::hit("blob_published")
                 .await
                 .map_err(|e| rpc_write(tonic::Status::internal(e.to_string())))?;
         }
-        let recorded = record_written(&containerd, lease, ingest_ref, digest, size, labels, &file)
+        record_written(&containerd, lease, ingest_ref, &digest, size, labels, &file)
             .await
-            .map_err(|e| match e {
-                WriteError::Source(source) => WriteError::Containerd(ContainerdError::Ingest {
-                    path: blobs.clone(),
-                    source,
-                }),
-                WriteError::Containerd(e) => WriteError::Containerd(e),
-                WriteError::Mismatch {
-                    expected,
-                    actual,
-                    size,
-                    expected_size,
-                } => WriteError::Mismatch {
-                    expected,
-                    actual,
-                    size,
-                    expected_size,
-                },
-            });
+            .map_err(|e| e.map_source(|source| file_error(source).into()))?;
         // fs-verity only once no descriptor is open for writing, as containerd's commit does.
         drop(file);
-        if recorded.is_ok()
-            && named == Some(true)
-            && let Some(name) = name
-        {
+        if named == Some(true) {
             protect_blob(blobs.join(name)).await;
         }
         tracing::debug!(
@@ -925,7 +929,7 @@ impl UnnamedBlob {
             record_ms = (started.elapsed() - written).as_millis() as u64,
             "blob downloaded into an unnamed file and recorded"
         );
-        recorded
+        Ok(())
     }
 }
 

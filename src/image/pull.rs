@@ -1147,7 +1147,6 @@ impl LayerDownload {
                 .write_and_record(
                     &self.lease,
                     &ingest,
-                    digest,
                     self.layer.size,
                     labels,
                     self.counted(stream.boxed(), slot),
