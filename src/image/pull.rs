@@ -1127,11 +1127,6 @@ impl LayerDownload {
     /// (not while containerd commits it: the next layer's download starts meanwhile).
     async fn run(self, slot: OwnedSemaphorePermit) -> Result<(), PullError> {
         let digest = &self.layer.digest;
-        let ingest = format!("crius-layer-{digest}");
-        let labels = HashMap::from([(
-            "containerd.io/uncompressed".to_string(),
-            self.diff_id.clone(),
-        )]);
         // One download of a layer at a time in this crius: a second pull of it waits, then
         // finds the blob in containerd.
         let _downloading = self.layer_locks.lock(digest).await;
@@ -1146,10 +1141,10 @@ impl LayerDownload {
             return unnamed
                 .write_and_record(
                     &self.lease,
-                    &ingest,
+                    &self.ingest_ref(),
                     self.layer.size,
-                    labels,
-                    self.counted(stream.boxed(), slot),
+                    self.labels(),
+                    self.releasing_slot_at_end(stream.boxed(), slot),
                     move |n| progress.add_bytes(n),
                 )
                 .await
@@ -1162,11 +1157,8 @@ impl LayerDownload {
     /// [`crate::containerd::content::ContentWriter::write_all`]).
     async fn write_through_ingest(&self, slot: OwnedSemaphorePermit) -> Result<(), PullError> {
         let digest = &self.layer.digest;
-        let ingest = format!("crius-layer-{digest}");
-        let labels = HashMap::from([(
-            "containerd.io/uncompressed".to_string(),
-            self.diff_id.clone(),
-        )]);
+        let ingest = self.ingest_ref();
+        let labels = self.labels();
         loop {
             let opened = self
                 .containerd
@@ -1196,7 +1188,7 @@ impl LayerDownload {
             };
             let progress = Arc::clone(&self.progress);
             return writer
-                .write_all(self.counted(stream, slot), labels, move |n| {
+                .write_all(self.releasing_slot_at_end(stream, slot), labels, move |n| {
                     progress.add_bytes(n)
                 })
                 .await
@@ -1204,9 +1196,22 @@ impl LayerDownload {
         }
     }
 
+    /// The ingest the layer is recorded through.
+    fn ingest_ref(&self) -> String {
+        format!("crius-layer-{}", self.layer.digest)
+    }
+
+    /// The labels the layer's blob is recorded with: its uncompressed digest.
+    fn labels(&self) -> HashMap<String, String> {
+        HashMap::from([(
+            "containerd.io/uncompressed".to_string(),
+            self.diff_id.clone(),
+        )])
+    }
+
     /// The layer's bytes from the registry, letting go of the download `slot` once the
     /// registry has sent them all.
-    fn counted(&self, stream: BlobStream, slot: OwnedSemaphorePermit) -> BlobStream {
+    fn releasing_slot_at_end(&self, stream: BlobStream, slot: OwnedSemaphorePermit) -> BlobStream {
         let mut slot = Some(slot);
         stream
             .chain(futures::stream::poll_fn(move |_| {
