@@ -114,21 +114,28 @@ fn content_digests(crius: &Crius) -> HashSet<String> {
         .collect()
 }
 
+/// An image of one random layer pushed to the test bed's registry: the layer, its digest and
+/// the image's reference.
+async fn push_one_layer_image() -> (Vec<u8>, String, String) {
+    use sha2::{Digest, Sha256};
+    let registry = Testbed::from_env().registry;
+    let layer = random_layer();
+    let digest = format!("sha256:{:x}", Sha256::digest(&layer));
+    let image = format!(
+        "{registry}/{}",
+        push_image(&registry, std::slice::from_ref(&layer)).await
+    );
+    (layer, digest, image)
+}
+
 /// A layer goes into an unnamed file on the filesystem of containerd's store, gets its name
 /// in the store once crius has checked it (read-only, as containerd keeps its blobs), and
 /// containerd records it: no ingest is left, and containerd holds exactly the layer's bytes.
 #[tokio::test]
 async fn a_layer_downloaded_into_an_unnamed_file_is_recorded_whole() {
-    use sha2::{Digest, Sha256};
-    let registry = Testbed::from_env().registry;
     let crius = Crius::start().await;
     let mut client = crius.client().await;
-    let layer = random_layer();
-    let layer_digest = format!("sha256:{:x}", Sha256::digest(&layer));
-    let image = format!(
-        "{registry}/{}",
-        push_image(&registry, std::slice::from_ref(&layer)).await
-    );
+    let (layer, layer_digest, image) = push_one_layer_image().await;
     pull(&mut client, &image).await.expect("pull");
     assert!(
         crius.log().lines().any(|l| l
@@ -241,16 +248,9 @@ fn ingest_dirs_naming(crius: &Crius, digest: &str) -> Vec<PathBuf> {
 /// bytes from its file instead, and the pull gets the same blob.
 #[tokio::test]
 async fn a_named_blob_collected_before_its_commit_is_sent_from_crius_file() {
-    use sha2::{Digest, Sha256};
-    let registry = Testbed::from_env().registry;
     let crius = Crius::start_with_failpoints("blob_published=sleep(3000)").await;
     let mut client = crius.client().await;
-    let layer = random_layer();
-    let layer_digest = format!("sha256:{:x}", Sha256::digest(&layer));
-    let image = format!(
-        "{registry}/{}",
-        push_image(&registry, std::slice::from_ref(&layer)).await
-    );
+    let (layer, layer_digest, image) = push_one_layer_image().await;
     let pulling = {
         let (mut client, image) = (client.clone(), image.clone());
         tokio::spawn(async move { pull(&mut client, &image).await })
