@@ -914,6 +914,9 @@ impl UnnamedBlob {
                 .await
                 .map_err(|e| rpc_write(tonic::Status::internal(e.to_string())))?;
         }
+        // A blob named here and then not recorded (containerd gone, the pull cancelled) is
+        // left for containerd's collection, which removes any blob recorded nowhere: crius
+        // does not remove it itself, as another namespace's ingest may already share it.
         record_written(&containerd, lease, ingest_ref, &digest, size, labels, &file)
             .await
             .map_err(|e| e.map_source(|source| file_error(source).into()))?;
