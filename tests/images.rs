@@ -784,6 +784,49 @@ async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
     assert_eq!(committed_snapshots(&crius), snapshots);
 }
 
+/// Two pulls unpacking the same layer at once: the one that prepares second finds containerd
+/// refusing (the layer's snapshot was committed meanwhile) and takes the layer as done, as
+/// containerd's unpacker does.
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_layer_another_pull_committed_while_one_prepared_it_is_taken_as_done() {
+    let registry = Testbed::from_env().registry;
+    // Each unpack waits 3 s between finding no snapshot and preparing one.
+    let crius = Crius::start_with_failpoints("unpack_preparing=sleep(3000)").await;
+    let mut client = crius.client().await;
+    let base = random_layer();
+    let alone = format!(
+        "{registry}/{}",
+        push_image(&registry, std::slice::from_ref(&base)).await
+    );
+    let stacked = format!(
+        "{registry}/{}",
+        push_image(&registry, &[base, random_layer()]).await
+    );
+    let before = committed_snapshots(&crius);
+    let first = {
+        let (mut client, alone) = (client.clone(), alone.clone());
+        tokio::spawn(async move { pull(&mut client, &alone).await })
+    };
+    wait_for_failpoint(&crius, "unpack_preparing").await;
+    // The second looks for the shared snapshot before the first commits it, and prepares
+    // after.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pull(&mut client, &stacked).await.expect("second pull");
+    first.await.unwrap().expect("first pull");
+    let active = (crius.ctr(&["snapshots", "ls"]).lines())
+        .filter(|l| l.trim_end().ends_with("Active"))
+        .count();
+    assert_eq!(active, 0, "active snapshots left");
+    assert_eq!(committed_snapshots(&crius).difference(&before).count(), 2);
+    remove(&mut client, &stacked).await;
+    remove(&mut client, &alone).await;
+    assert_eq!(committed_snapshots(&crius), before);
+}
+
 /// Waits until crius's log shows the failpoint `name` sleeping.
 async fn wait_for_failpoint(crius: &Crius, name: &str) {
     let reached = eventually(Duration::from_secs(20), || async {

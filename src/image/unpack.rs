@@ -66,10 +66,13 @@ pub async fn unpack_layer(
         crate::failpoint::hit("unpack_found_snapshot").await?;
         return Ok(());
     }
+    crate::failpoint::hit("unpack_preparing").await?;
     let key = extract_key(chain_id);
-    let mounts = containerd
-        .prepare_snapshot(snapshotter, &key, parent, ref_labels(chain_id), Some(lease))
-        .await?;
+    let Some(mounts) =
+        prepare_for_chain(containerd, snapshotter, lease, &key, parent, chain_id).await?
+    else {
+        return Ok(());
+    };
     apply_checked(containerd, snapshotter, lease, &key, layer, diff_id, mounts).await?;
     commit_extracted(containerd, snapshotter, lease, &key, chain_id).await
 }
@@ -84,6 +87,33 @@ fn extract_key(chain_id: &str) -> String {
             .unwrap_or(0),
         rand::random::<u32>()
     )
+}
+
+/// Prepares the active snapshot `key` on `parent` that is to become `chain_id`. None when
+/// `chain_id` was committed meanwhile (another pull unpacking the same layer got there
+/// first: containerd refuses a prepare whose target exists), which containerd's own
+/// unpacker also takes as done.
+async fn prepare_for_chain(
+    containerd: &Containerd,
+    snapshotter: &str,
+    lease: &str,
+    key: &str,
+    parent: &str,
+    chain_id: &str,
+) -> Result<Option<Vec<Mount>>, UnpackError> {
+    let prepared = containerd
+        .prepare_snapshot(snapshotter, key, parent, ref_labels(chain_id), Some(lease))
+        .await;
+    match prepared {
+        Ok(mounts) => Ok(Some(mounts)),
+        Err(e)
+            if e.is_already_exists()
+                && containerd.snapshot_exists(snapshotter, chain_id).await? =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn ref_labels(chain_id: &str) -> HashMap<String, String> {
@@ -214,9 +244,12 @@ pub async fn finish_staged(
     parent: &str,
 ) -> Result<(), UnpackError> {
     let key = extract_key(chain_id);
-    let mounts = containerd
-        .prepare_snapshot(snapshotter, &key, parent, ref_labels(chain_id), Some(lease))
-        .await?;
+    let Some(mounts) =
+        prepare_for_chain(containerd, snapshotter, lease, &key, parent, chain_id).await?
+    else {
+        let _ = containerd.remove_snapshot(snapshotter, &staged.key).await;
+        return Ok(());
+    };
     let moved = match overlay_upper_dir(&mounts) {
         Some(upper) => {
             let (from, to) = (staged.dir.clone(), upper);
