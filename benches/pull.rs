@@ -6,16 +6,17 @@
 //! - `bench/huge:gzip` and `bench/huge:zstd`: 1.1 GiB uncompressed in 13 layers, about 2:1
 //!   (scripts/layered-image.py): four layers of many small files, eight of a few large ones.
 //!
-//! Every pull is cold: crius starts afresh in a new containerd namespace for each, and each
-//! image is removed after its pull with a synchronous collection (containerd's CRI collects
-//! synchronously on an image's last name too), so no blob or snapshot is left for the next.
-//! Rounds alternate between the two.
+//! Every pull is cold: each image is removed after its pull with a synchronous collection
+//! (containerd's CRI collects synchronously on an image's last name too), so no blob or
+//! snapshot is left for the next. Both daemons are running ones, as kubelet finds them: one
+//! crius, in a containerd namespace of its own, serves every round of an image, as the one
+//! containerd with the CRI serves all of them. Rounds alternate between the two.
 //!
 //! For the huge images it also measures the machine's bound: the layers, already in memory,
 //! decompressed and written out as files into a directory beside containerd's by the
 //! fastest tools at hand (`zstd -d`, `gzip -d`, GNU tar), as many layers at once as the
 //! machine has cores. And crius's peak resident
-//! memory (VmHWM of a crius started for that pull).
+//! memory (VmHWM of the crius started for that image's pulls).
 //!
 //! For every cold pull it also counts the CPU time the daemons spent on it (from
 //! `/proc/<pid>/stat`, waited-for children included): crius's and its containerd's for
@@ -162,10 +163,10 @@ async fn local_layer_pulls(
     let keeper = bench_crius(unpacks).await;
     let mut keeper_client = keeper.client().await;
     pull(&mut keeper_client, reference).await;
+    let crius = bench_crius(unpacks).await;
+    let mut client = crius.client().await;
     let mut crius_times = Vec::new();
     for round in 0..rounds {
-        let crius = bench_crius(unpacks).await;
-        let mut client = crius.client().await;
         crius_times.push(cold_pull(&mut client, reference, &[]).await.0);
         eprintln!(
             "{reference} with its layers local: round {round}: crius {}",
@@ -331,25 +332,17 @@ async fn main() {
             continue;
         }
         let reference = format!("{}/{}", testbed.registry, image.name);
-        let (mut crius_times, mut cri_times, mut peaks) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut crius_times, mut cri_times) = (Vec::new(), Vec::new());
         let (mut crius_cpu, mut its_containerd_cpu, mut cri_cpu) =
             (Vec::new(), Vec::new(), Vec::new());
+        let crius = bench_crius(unpacks).await;
+        let mut client = crius.client().await;
+        let daemons = [crius.pid().as_raw() as u32, containerd_pid];
         for round in 0..rounds {
-            let crius = bench_crius(unpacks).await;
-            let mut client = crius.client().await;
-            let daemons = [crius.pid().as_raw() as u32, containerd_pid];
             let (took, cpu) = cold_pull(&mut client, &reference, &daemons).await;
             crius_times.push(took);
             crius_cpu.push(cpu[0]);
             its_containerd_cpu.push(cpu[1]);
-            peaks.push(peak_rss_mib(crius.pid().as_raw()));
-            if std::env::var_os("CRIUS_BENCH_PULL_VERBOSE").is_some() {
-                (crius.log().lines())
-                    .filter(|l| l.contains("layer") || l.contains("pull") || l.contains("blob"))
-                    .for_each(|l| eprintln!("{l}"));
-            }
-            drop(client);
-            drop(crius);
             let (took, cpu) = cold_pull(&mut cri, &reference, &[cri_containerd_pid]).await;
             cri_times.push(took);
             cri_cpu.push(cpu[0]);
@@ -360,6 +353,14 @@ async fn main() {
                 secs(cri_times[round])
             );
         }
+        let peak = peak_rss_mib(crius.pid().as_raw());
+        if std::env::var_os("CRIUS_BENCH_PULL_VERBOSE").is_some() {
+            (crius.log().lines())
+                .filter(|l| l.contains("layer") || l.contains("pull") || l.contains("blob"))
+                .for_each(|l| eprintln!("{l}"));
+        }
+        drop(client);
+        drop(crius);
         let bound = if image.bound {
             let layers = Arc::new(fetch_layers(&testbed.registry, image.name).await);
             let samples = (0..rounds)
@@ -371,7 +372,6 @@ async fn main() {
         };
         let crius_local = median(local_layer_pulls(&reference, rounds, unpacks).await);
         let (crius_median, cri_median) = (median(crius_times), median(cri_times));
-        let peak = peaks.iter().cloned().fold(0.0, f64::max);
         println!(
             "| {:<34} | {:>10} | {:>10} | {:>10} | {:>5.2} | {:>12} | {:>10.1} MiB | {:>11} | {:>12.2} | {:>23} | {:>9} |",
             format!("{} ({})", image.name, image.about),
