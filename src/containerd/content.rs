@@ -1106,6 +1106,12 @@ impl<E: std::error::Error + 'static> Sent<E> {
 trait BlobSink {
     /// Writes `data` at `offset`; false when the sink is gone (its error is kept elsewhere).
     async fn put(&mut self, offset: i64, data: Vec<u8>) -> bool;
+
+    /// An emptied buffer of an earlier write, to fill with the next, where the sink gives
+    /// them back.
+    fn spare(&mut self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// The Write stream to containerd.
@@ -1123,15 +1129,21 @@ impl BlobSink for StreamSink<'_> {
     }
 }
 
+/// A file write done on the blocking pool: its outcome, the hash so far, and its buffer.
+type WriteDone = (std::io::Result<()>, Sha256, Vec<u8>);
+
 /// An ingest's data file, written in order from its start on the blocking pool, one write
 /// in flight while the next chunk comes in. Each written range starts on its way to the
 /// disk at once: containerd's commit syncs the file, and would otherwise wait for all of
 /// it (and, on ext4, for every other layer written meanwhile).
 struct FileSink {
     out: Arc<std::fs::File>,
-    in_flight: Option<tokio::task::JoinHandle<(std::io::Result<()>, Sha256)>>,
+    in_flight: Option<tokio::task::JoinHandle<WriteDone>>,
     /// The hash of what was written so far (with the write in flight, while it is away).
     hasher: Option<Sha256>,
+    /// The buffer of the last write done, emptied: the copy fills it with the next chunk
+    /// rather than a new megabyte the kernel would have to fault in and zero page by page.
+    spare: Option<Vec<u8>>,
     error: Option<std::io::Error>,
 }
 
@@ -1141,6 +1153,7 @@ impl FileSink {
             out: Arc::new(out),
             in_flight: None,
             hasher: Some(Sha256::new()),
+            spare: None,
             error: None,
         }
     }
@@ -1149,8 +1162,10 @@ impl FileSink {
     async fn settle(&mut self) -> bool {
         if let Some(write) = self.in_flight.take() {
             match write.await {
-                Ok((done, hasher)) => {
+                Ok((done, hasher, mut buffer)) => {
                     self.hasher = Some(hasher);
+                    buffer.clear();
+                    self.spare = Some(buffer);
                     if let Err(e) = done {
                         self.error.get_or_insert(e);
                     }
@@ -1199,9 +1214,13 @@ impl BlobSink for FileSink {
                 // Only a head start: the sync before the blob is published writes the rest.
                 let _ = crate::sys::fsutil::start_writeback(&out, offset, data.len() as u64);
             }
-            (written, hasher)
+            (written, hasher, data)
         }));
         true
+    }
+
+    fn spare(&mut self) -> Option<Vec<u8>> {
+        self.spare.take()
     }
 }
 
@@ -1249,17 +1268,15 @@ where
             buffer.extend_from_slice(&chunk);
         }
         if buffer.len() >= write_size || (last && !buffer.is_empty()) {
-            let next = if last {
-                Vec::new()
-            } else {
-                Vec::with_capacity(write_size)
-            };
-            let payload = std::mem::replace(&mut buffer, next);
+            let payload = std::mem::take(&mut buffer);
             let len = payload.len() as i64;
             if !sink.put(offset, payload).await {
                 break;
             }
             offset += len;
+            if !last {
+                buffer = (sink.spare()).unwrap_or_else(|| Vec::with_capacity(write_size));
+            }
         }
         if last {
             break;
@@ -1310,7 +1327,8 @@ mod tests {
             .truncate(true)
             .open(&path)
             .unwrap();
-        let big: &'static [u8] = Box::leak(vec![3u8; WRITE_CHUNK + 17].into_boxed_slice());
+        // Three writes: the third fills the buffer the first gave back.
+        let big: &'static [u8] = Box::leak(vec![3u8; 2 * WRITE_CHUNK + 17].into_boxed_slice());
         let mut expected = b"head".to_vec();
         expected.extend_from_slice(big);
         expected.extend_from_slice(b"tail");
@@ -1329,6 +1347,24 @@ mod tests {
         let size = expected.len() as i64;
         sent.check(&sha256(b"anything"), size).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
+
+    #[tokio::test]
+    async fn the_file_sink_gives_each_written_buffer_back_for_the_next() {
+        let mut sink = FileSink::new(tempfile::tempfile().unwrap());
+        let first = vec![1u8; 4096];
+        let first_at = first.as_ptr();
+        assert!(sink.put(0, first).await);
+        assert!(sink.spare().is_none(), "the first write is still away");
+        assert!(sink.put(4096, vec![2u8; 10]).await);
+        let spare = sink.spare().expect("the first write's buffer back");
+        assert!(spare.is_empty());
+        assert_eq!(spare.as_ptr(), first_at, "the same allocation");
+        assert!(spare.capacity() >= 4096);
+        let (_, written) = sink.finish().await.unwrap();
+        let mut expected = vec![1u8; 4096];
+        expected.extend_from_slice(&[2u8; 10]);
+        assert_eq!(written, sha256(&expected));
     }
 
     #[tokio::test]
