@@ -743,16 +743,10 @@ fn committed_snapshots(crius: &Crius) -> HashSet<String> {
         .collect()
 }
 
-#[tokio::test]
-#[cfg_attr(
-    not(feature = "failpoints"),
-    ignore = "needs --features failpoints (make test has it)"
-)]
-async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
+/// Two images pushed to the test bed's registry that share their base layer: that layer
+/// alone, and that layer with another on it.
+async fn push_alone_and_stacked() -> (String, String) {
     let registry = Testbed::from_env().registry;
-    // A pull that finds a layer's snapshot already there waits 10 s before it goes on.
-    let crius = Crius::start_with_failpoints("unpack_found_snapshot=sleep(10000)").await;
-    let mut client = crius.client().await;
     let base = random_layer();
     let alone = format!(
         "{registry}/{}",
@@ -762,6 +756,19 @@ async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
         "{registry}/{}",
         push_image(&registry, &[base, random_layer()]).await
     );
+    (alone, stacked)
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs --features failpoints (make test has it)"
+)]
+async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
+    // A pull that finds a layer's snapshot already there waits 10 s before it goes on.
+    let crius = Crius::start_with_failpoints("unpack_found_snapshot=sleep(10000)").await;
+    let mut client = crius.client().await;
+    let (alone, stacked) = push_alone_and_stacked().await;
     let id = pull(&mut client, &alone).await.unwrap();
     let snapshots = committed_snapshots(&crius);
     pull(&mut client, &stacked).await.unwrap();
@@ -793,19 +800,10 @@ async fn a_pull_keeps_the_layer_it_reuses_while_another_removal_collects() {
     ignore = "needs --features failpoints (make test has it)"
 )]
 async fn a_layer_another_pull_committed_while_one_prepared_it_is_taken_as_done() {
-    let registry = Testbed::from_env().registry;
     // Each unpack waits 3 s between finding no snapshot and preparing one.
     let crius = Crius::start_with_failpoints("unpack_preparing=sleep(3000)").await;
     let mut client = crius.client().await;
-    let base = random_layer();
-    let alone = format!(
-        "{registry}/{}",
-        push_image(&registry, std::slice::from_ref(&base)).await
-    );
-    let stacked = format!(
-        "{registry}/{}",
-        push_image(&registry, &[base, random_layer()]).await
-    );
+    let (alone, stacked) = push_alone_and_stacked().await;
     let before = committed_snapshots(&crius);
     let first = {
         let (mut client, alone) = (client.clone(), alone.clone());
